@@ -1,0 +1,102 @@
+"""Typed reading of `config.json`-style files, with errors that name the file and the field.
+
+Used by `KolibriConfig` and `DrafterConfig`; both are frozen dataclasses checked on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file.
+
+    Raises:
+        CheckpointError: the file is missing or is not valid JSON (names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(path, "file not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(path, f"not valid JSON ({exc})") from None
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write `obj` as indented JSON through a temporary file and a rename (never half-written)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class FieldReader:
+    """Pulls typed fields out of a parsed JSON object; every error names file and field."""
+
+    def __init__(self, data: Any, path: str | Path | None):
+        self.path = path
+        if not isinstance(data, dict):
+            raise CheckpointError(path, f"top level must be a JSON object, got {type(data).__name__}")
+        self.data = data
+
+    def error(self, field: str, message: str) -> CheckpointError:
+        return CheckpointError(self.path, message, field=field)
+
+    def get(self, field: str, default: Any = ...) -> Any:
+        if field not in self.data:
+            if default is ...:
+                raise self.error(field, "missing")
+            return default
+        return self.data[field]
+
+    def int(self, field: str, default: Any = ..., minimum: int | None = 1) -> int:
+        value = self.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(field, f"must be an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.error(field, f"must be >= {minimum}, got {value}")
+        return value
+
+    def float(self, field: str, default: Any = ..., positive: bool = True) -> float:
+        value = self.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(field, f"must be a number, got {value!r}")
+        if positive and not value > 0:
+            raise self.error(field, f"must be > 0, got {value}")
+        return float(value)
+
+    def bool(self, field: str, default: Any = ...) -> bool:
+        value = self.get(field, default)
+        if not isinstance(value, bool):
+            raise self.error(field, f"must be true or false, got {value!r}")
+        return value
+
+    def str(self, field: str, default: Any = ..., choices: tuple[str, ...] | None = None) -> str:
+        value = self.get(field, default)
+        if not isinstance(value, str):
+            raise self.error(field, f"must be a string, got {value!r}")
+        if choices is not None and value not in choices:
+            raise self.error(field, f"must be one of {list(choices)}, got {value!r}")
+        return value
+
+    def int_list(self, field: str, default: Any = ..., minimum: int | None = 0) -> tuple[int, ...]:
+        value = self.get(field, default)
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.error(field, f"must be a list of integers, got {value!r}")
+        if minimum is not None and any(v < minimum for v in value):
+            raise self.error(field, f"entries must be >= {minimum}, got {value}")
+        return tuple(value)
