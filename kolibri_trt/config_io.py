@@ -29,18 +29,26 @@ def read_json(path: str | Path) -> Any:
         raise CheckpointError(path, f"not valid JSON ({exc})") from None
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write `obj` as indented JSON through a temporary file and a rename (never half-written)."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` (UTF-8) through a temporary file and a rename: never half-written.
+
+    The file is left readable by everyone (0644), like any other build output.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write `obj` as indented JSON with `write_text_atomic`."""
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 class FieldReader:

@@ -116,6 +116,7 @@ def make_fixtures(out_dir: str | Path = DEFAULT_DIR, seed: int = 0, force: bool 
         if with_tokenizer:
             from .tokenizer import write_tekken_tokenizer
             write_tekken_tokenizer(tmp / "target", vocab_size=tcfg.vocab_size)
+        tmp.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -25,12 +25,12 @@ import base64
 import functools
 import importlib.resources
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from ..config_io import write_text_atomic
 
 TEKKEN_FILE = "tekken_240911.json"
 NUM_SPECIAL_TOKENS = 1000
@@ -245,27 +245,14 @@ def tokenizer_config() -> dict:
 
 
 def write_files_atomically(out_dir: Path, files: dict[str, str]) -> None:
-    """Write ``{name: text}`` into ``out_dir``: all to temp files first, then rename each.
-
-    On failure the temp files are removed and no target file is created or touched.
+    """Write ``{name: text}`` into ``out_dir``, each file through a temp file and a rename.
 
     Raises:
         OSError: if a file cannot be written or renamed.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    temps: dict[str, str] = {}
-    try:
-        for name, text in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
-            temps[name] = tmp
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        for name, tmp in temps.items():
-            os.replace(tmp, out_dir / name)
-    finally:
-        for tmp in temps.values():
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    for name, text in files.items():
+        write_text_atomic(out_dir / name, text)
 
 
 def write_tekken_tokenizer(out_dir: str | Path, vocab_size: int = MAX_VOCAB_SIZE) -> Path:

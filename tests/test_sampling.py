@@ -1,0 +1,73 @@
+"""Position-keyed sampling: same (seed, position) -> same token, whatever the batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kolibri_trt.sampling import SamplingParams, filter_logits, gumbel_noise, sample
+
+
+def test_noise_is_keyed_by_seed_and_position_only():
+    seeds = torch.tensor([7, 7, 8, -3])
+    pos = torch.tensor([0, 1, 0, 5])
+    noise = gumbel_noise(seeds, pos, 1000)
+    alone = gumbel_noise(seeds[1:2], pos[1:2], 1000)
+    assert torch.equal(noise[1], alone[0])
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+    # Standard Gumbel: mean = Euler-Mascheroni constant, variance pi^2/6 (loose: 4000 draws)
+    big = gumbel_noise(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 0, 0, 0]), 1000)
+    assert abs(big.mean().item() - 0.5772) < 0.05
+    assert abs(big.var().item() - math.pi ** 2 / 6) < 0.15
+    assert torch.isfinite(big).all()
+
+
+def test_sampled_frequencies_follow_softmax():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    params = SamplingParams(temperature=1.0, seed=123)
+    draws = [int(sample(logits, [params], torch.tensor([n]))[0]) for n in range(3000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=3).float() / len(draws)
+    # 3000 draws: binomial standard error <= 0.0092; 4 sigma
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.037)
+
+
+def test_batch_invariance_and_greedy_ties():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 300)
+    logits[0, 10] = logits[0, 20] = 50.0          # a tie: greedy takes the lower id
+    params = [SamplingParams(), SamplingParams(temperature=0.7, seed=1, top_k=20),
+              SamplingParams(temperature=1.3, seed=2, top_p=0.6), SamplingParams(temperature=1.0, seed=1)]
+    pos = torch.tensor([3, 4, 5, 6])
+    batch = sample(logits, params, pos)
+    assert batch[0] == 10
+    for i in range(4):
+        assert sample(logits[i:i + 1], [params[i]], pos[i:i + 1])[0] == batch[i]
+
+
+def test_top_k_and_top_p_filters_keep_the_right_sets():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 0.0]])
+    kept = filter_logits(logits, torch.tensor([2]), torch.tensor([1.0]))
+    assert torch.isfinite(kept).tolist() == [[False, True, False, True, False]]
+    probs = torch.tensor([[0.4, 0.35, 0.15, 0.1]])
+    kept = filter_logits(probs.log(), torch.tensor([0]), torch.tensor([0.7]))
+    assert torch.isfinite(kept).tolist() == [[True, True, False, False]]   # 0.4 < 0.7, 0.75 >= 0.7
+    kept = filter_logits(probs.log(), torch.tensor([0]), torch.tensor([1.0]))
+    assert torch.isfinite(kept).all()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", 0), ("max_tokens", 1.5), ("temperature", -0.1), ("top_p", 0.0),
+    ("top_p", 1.5), ("top_k", -1), ("seed", -1), ("stop", [""]), ("stop_token_ids", [-2]),
+    ("ignore_eos", "yes"),
+])
+def test_invalid_params_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(**{field: value})
+
+
+def test_seed_none_draws_a_seed_and_stop_string_becomes_tuple():
+    p = SamplingParams(temperature=1.0, stop="###")
+    assert p.stop == ("###",) and 0 <= p.resolved_seed < 2 ** 64
+    assert SamplingParams(seed=2 ** 64 - 1).resolved_seed == 2 ** 64 - 1
