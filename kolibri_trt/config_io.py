@@ -29,21 +29,32 @@ def read_json(path: str | Path) -> Any:
         raise CheckpointError(path, f"not valid JSON ({exc})") from None
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write `text` (UTF-8) through a temporary file and a rename: never half-written.
+def write_texts_atomic(directory: str | Path, files: dict[str, str]) -> None:
+    """Write `{name: text}` (UTF-8) into `directory`: every file goes to a temporary file
+    first and all are renamed only once all were written, so a failure leaves none of them.
 
-    The file is left readable by everyone (0644), like any other build output.
+    The files are left readable by everyone (0644), like any other build output.
     """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    directory = Path(directory)
+    temps: dict[str, str] = {}
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+            temps[name] = tmp
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+        for name, tmp in temps.items():
+            os.replace(tmp, directory / name)
+    finally:
+        for tmp in temps.values():
+            Path(tmp).unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write one text file with `write_texts_atomic` (never half-written)."""
+    path = Path(path)
+    write_texts_atomic(path.parent, {path.name: text})
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kolibri_trt.config import FULL, SLIDING
@@ -61,9 +62,8 @@ def test_sliding_boundary_sees_512_back_not_513():
 
     assert changed_at(last - 512)
     assert not changed_at(last - 513)
-    mask = ops.causal_mask(torch.arange(600), torch.arange(600), 513)
-    assert bool(mask[599, 599 - 512]) and not bool(mask[599, 599 - 513])
-    assert not bool(mask[10, 11])
+    assert ops.causal_ranges(torch.tensor([599, 10]), 0, 513) == [(599 - 512, 600), (0, 11)]
+    assert ops.causal_ranges(torch.tensor([599]), 50, 513) == [(599 - 512 - 50, 550)]
 
 
 def test_full_attention_layers_have_no_positional_encoding():
@@ -82,8 +82,8 @@ def test_full_attention_layers_have_no_positional_encoding():
 def test_gqa_query_head_n_reads_kv_head_n_div_group():
     q = torch.randn(1, 3, 6, 8)
     k, v = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
-    allowed = ops.causal_mask(torch.arange(3), torch.arange(3), None)
-    out = ops.attention(q, k, v, allowed)
+    allowed = torch.ones(3, 3, dtype=torch.bool).tril()
+    out = ops.attention(q, k, v, ops.causal_ranges(torch.arange(3), 0, None))
     for n in range(6):
         g = n // 3
         s = (q[0, :, n] @ k[0, :, g].T) / 8 ** 0.5
@@ -123,6 +123,23 @@ def test_taps_are_the_raw_residual_after_each_listed_layer(micro_target):
     assert taps.shape == (2, 6, 3, micro_target.config.hidden_size)
     for slot, layer_idx in enumerate((3, 1, 4)):
         assert torch.equal(taps[:, :, slot], after[layer_idx])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_and_attention_are_row_invariant(dtype):
+    # The exactness of cached, chunked and speculative decoding rests on this (issue: batch
+    # invariance): a row's result may not depend on how many rows share the call.
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(96, 64, generator=g).to(dtype), torch.randn(48, 64, generator=g).to(dtype)
+    full = ops.linear(x, w)
+    for m in range(1, 36):
+        for start in (0, 5):
+            assert torch.equal(ops.linear(x[start:start + m], w), full[start:start + m])
+    q, k, v = (torch.randn(1, 20, 4, 16, generator=g).to(dtype) for _ in range(3))
+    k, v = k[:, :, :2], v[:, :, :2]
+    ranges = ops.causal_ranges(torch.arange(20), 0, 7)
+    whole = ops.attention(q, k, v, ranges)
+    assert torch.equal(ops.attention(q[:, 13:15], k, v, ranges[13:15]), whole[:, 13:15])
 
 
 def test_bf16_model_tracks_fp32(micro_target):

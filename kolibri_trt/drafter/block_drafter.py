@@ -15,7 +15,8 @@ from torch import nn
 from ..checkpoint import load_tensors, save_tensors
 from ..config_io import read_json, write_json_atomic
 from ..errors import CheckpointError
-from ..model.reference import KolibriForCausalLM, RMSNorm
+from ..model import ops
+from ..model.reference import KolibriForCausalLM, Linear, RMSNorm
 from .config import DrafterConfig
 from .reference import DrafterLayer, DrafterTarget, Predecessor
 
@@ -49,8 +50,8 @@ class KolibriBlockDrafter(nn.Module):
         self.config = c
         self.tap_norms = nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
                                        for _ in range(c.num_taps))
-        self.fuse = nn.Linear(c.num_taps * c.target_hidden_size, c.hidden_size, bias=False)
-        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=False)
+        self.fuse = Linear(c.num_taps * c.target_hidden_size, c.hidden_size)
+        self.fc = Linear(2 * c.hidden_size, c.hidden_size)
         self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size))
         self.layers = nn.ModuleList(DrafterLayer(c, i) for i in range(c.num_hidden_layers))
         self.predecessor = Predecessor(c.hidden_size, c.predecessor_rank)
@@ -93,7 +94,7 @@ class KolibriBlockDrafter(nn.Module):
         states, logits, drafts = [], [], []
         for j in range(x.shape[0]):
             g = x[j] if j == 0 else self.predecessor(x[j], self.embed(drafts[-1]))
-            lj = F.linear(self.norm(g), head.to(g.dtype)).float()
+            lj = ops.linear(self.norm(g), head.to(g.dtype)).float()
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index
             drafts.append(self.draft_vocab[torch.argmax(lj)])
             states.append(g)

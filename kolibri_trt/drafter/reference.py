@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import ops
-from ..model.reference import KolibriForCausalLM, RMSNorm
+from ..model.reference import KolibriForCausalLM, Linear, RMSNorm
 from .config import DrafterConfig
 
 
@@ -42,8 +42,8 @@ class DrafterTarget:
                         f"{type(target).__name__}")
 
 
-def _linear(n_out: int, n_in: int) -> nn.Linear:
-    return nn.Linear(n_in, n_out, bias=False)
+def _linear(n_out: int, n_in: int) -> Linear:
+    return Linear(n_in, n_out)
 
 
 class LowRank(nn.Module):
@@ -124,9 +124,7 @@ class DrafterLayer(nn.Module):
         cq, sq = ops.rope_cos_sin(row_pos, cfg.head_dim, cfg.rope_theta)
         ck, sk = ops.rope_cos_sin(k_pos, cfg.head_dim, cfg.rope_theta)
         q, k = ops.apply_rope(q, cq, sq), ops.apply_rope(k, ck, sk)
-        block = torch.ones(x.shape[0], x.shape[0], dtype=torch.bool, device=x.device).tril()
-        allowed = torch.cat([torch.ones(x.shape[0], ctx.shape[0], dtype=torch.bool,
-                                        device=x.device), block], dim=1)
-        a = ops.attention(q, k, v, allowed)[0].reshape(x.shape[0], -1)
+        ranges = [(0, ctx.shape[0] + j + 1) for j in range(x.shape[0])]  # context + rows 0..j
+        a = ops.attention(q, k, v, ranges)[0].reshape(x.shape[0], -1)
         x = x + attn.o_proj(a)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -49,39 +49,76 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (xf * c + rotated * s).to(x.dtype)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor
-              ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D) + mask) v with GQA, in fp32, cast back to q.dtype.
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              key_ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over each query's visible keys, GQA, fp32, cast to q.dtype.
 
     q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv, D] with Hq % Hkv == 0 (query head n reads KV head
-    n // (Hq // Hkv)); allowed: bool [Tq, Tk], True where the query may see the key (every
-    query row must allow at least one key). Returns [B, Tq, Hq, D].
+    n // (Hq // Hkv)); key_ranges: Tq pairs (lo, hi), query t sees keys lo <= j < hi
+    (non-empty). Returns [B, Tq, Hq, D].
+
+    Row-invariant by construction: each query row is computed alone, with shapes fixed by
+    its own key range, so its result never depends on which other queries share the call.
+    The runtime's paged path calls `attend_one` with the same shapes: that is what makes
+    cached, chunked and speculative decoding reproduce the reference bit for bit.
     """
-    group = q.shape[2] // k.shape[2]
-    kf = k.float().repeat_interleave(group, dim=2)
-    vf = v.float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    b, tq, hq, d = q.shape
+    kf, vf = k.float(), v.float()
+    out = torch.empty(b, tq, hq, d, dtype=torch.float32, device=q.device)
+    for t, (lo, hi) in enumerate(key_ranges):
+        for i in range(b):
+            out[i, t] = attend_one(q[i, t], kf[i, lo:hi], vf[i, lo:hi])
+    return out.to(q.dtype)
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query token over its n visible keys: q [Hq, D]; k, v fp32 [n, Hkv, D] -> fp32 [Hq, D]."""
+    hq, d = q.shape
+    hkv = k.shape[1]
+    qg = q.float().reshape(hkv, hq // hkv, d)                      # [Hkv, group, D]
+    scores = torch.bmm(qg, k.permute(1, 2, 0)) / math.sqrt(d)       # [Hkv, group, n]
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("bhqk,bkhd->bqhd", probs, vf).to(q.dtype)
+    return torch.bmm(probs, v.permute(1, 0, 2)).reshape(hq, d)
 
 
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """bool [Tq, Tk]: key j visible to query i iff j <= i and (window is None or i - window < j).
+def causal_ranges(q_pos: torch.Tensor, k_start: int, window: int | None) -> list[tuple[int, int]]:
+    """Key index ranges for queries at positions q_pos over keys at k_start, k_start+1, ...
 
-    With window = 513 a query sees itself and the 512 positions before it (`kolibri-1.md`).
+    Key j (position k_start + j) is visible to the query at position i iff it is not in the
+    future and, with a window, i - window < position: with window = 513 a query sees itself
+    and the 512 positions before it (`kolibri-1.md`).
     """
-    i, j = q_pos[:, None], k_pos[None, :]
-    allowed = j <= i
-    if window is not None:
-        allowed &= j > i - window
-    return allowed
+    out = []
+    for i in q_pos.tolist():
+        lo = 0 if window is None else max(0, i - window + 1 - k_start)
+        out.append((lo, i + 1 - k_start))
+    return out
+
+
+ROW_MULTIPLE = 8  # CPU fp32 GEMMs take other kernels for 1-3, 5-7, 9-11 rows (torch 2.13)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T, row-invariant: a row's result does not depend on how many rows share the call.
+
+    x: [..., K]; w: [N, K] (same dtype). Measured on CPU with torch 2.13: fp32 GEMM gives
+    bit-identical rows for 4, 8 and >= 12 rows but not for 1-3, 5-7 or 9-11 (other kernels);
+    padding the rows with zeros to a multiple of 8 makes every row count agree.
+    `tests/test_model_reference.py` checks the property on the machine it runs on.
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    n = x2.shape[0]
+    pad = -n % ROW_MULTIPLE
+    if pad:
+        x2 = torch.cat([x2, x2.new_zeros(pad, shape[-1])])
+    return F.linear(x2, w)[:n].reshape(*shape[:-1], w.shape[0])
 
 
 def swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor
            ) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); weights [I, H], [I, H], [H, I]; runs in x.dtype."""
-    return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
+    return linear(F.silu(linear(x, gate_w)) * linear(x, up_w), down_w)
 
 
 def route_topk(router_logits: torch.Tensor, k: int, normalize: bool

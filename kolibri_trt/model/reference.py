@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import load_tensors, save_tensors
@@ -31,8 +30,19 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps)
 
 
-def _linear(n_out: int, n_in: int) -> nn.Linear:
-    return nn.Linear(n_in, n_out, bias=False)
+class Linear(nn.Module):
+    """Bias-free linear layer with a row-invariant product (`ops.linear`); weight [out, in]."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_out, n_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight)
+
+
+def _linear(n_out: int, n_in: int) -> Linear:
+    return Linear(n_in, n_out)
 
 
 class Attention(nn.Module):
@@ -60,8 +70,7 @@ class Attention(nn.Module):
             cos, sin = ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         window = cfg.sliding_window if self.sliding else None
-        allowed = ops.causal_mask(positions, positions, window)
-        a = ops.attention(q, k, v, allowed)
+        a = ops.attention(q, k, v, ops.causal_ranges(positions, 0, window))
         return self.o_proj(a.reshape(b, t, -1))
 
 
@@ -95,7 +104,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits = F.linear(x.float(), self.gate.weight.float())
+        logits = ops.linear(x.float(), self.gate.weight.float())
         weights, experts = ops.route_topk(logits, self.cfg.num_experts_per_tok,
                                           self.cfg.norm_topk_prob)
         y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

@@ -30,7 +30,7 @@ from pathlib import Path
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from ..config_io import write_text_atomic
+from ..config_io import write_texts_atomic
 
 TEKKEN_FILE = "tekken_240911.json"
 NUM_SPECIAL_TOKENS = 1000
@@ -245,14 +245,13 @@ def tokenizer_config() -> dict:
 
 
 def write_files_atomically(out_dir: Path, files: dict[str, str]) -> None:
-    """Write ``{name: text}`` into ``out_dir``, each file through a temp file and a rename.
+    """Write ``{name: text}`` into ``out_dir``: all to temp files first, then rename each.
 
     Raises:
         OSError: if a file cannot be written or renamed.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        write_text_atomic(out_dir / name, text)
+    write_texts_atomic(out_dir, files)
 
 
 def write_tekken_tokenizer(out_dir: str | Path, vocab_size: int = MAX_VOCAB_SIZE) -> Path:

@@ -1,0 +1,67 @@
+"""The engine directory written by `build.py` and read by the runtime: the one contract.
+
+```
+<engine>/manifest.json                 schema below; the runtime reads it and never guesses
+<engine>/target/config.json            KolibriConfig fields + "quantization_config" (ModelOpt)
+<engine>/target/hf_quant_config.json   ModelOpt's description of the quantized modules
+<engine>/target/model.safetensors      (or shards + model.safetensors.index.json)
+<engine>/target/tokenizer.json, tokenizer_config.json
+<engine>/drafter/config.json           DrafterConfig fields + "quantization_config"
+<engine>/drafter/model.safetensors
+<engine>/drafter/draft_vocab.json
+```
+
+Tensor naming follows ModelOpt's Hugging Face export (`shared/notes/modelopt.md`), so that
+TensorRT-LLM, vLLM and SGLang can read the weights. For a linear `X` (a `...proj`, `fuse`,
+`fc`, `spine.A`, ...) with weight format:
+- "bf16":        `X.weight` bf16 [N, K]
+- "fp8":         `X.weight` float8_e4m3fn [N, K], `X.weight_scale` fp32 [] (amax/448),
+                 `X.input_scale` fp32 [] (static activation scale from calibration)
+- "block_fp8":   `X.weight` float8_e4m3fn [N, K], `X.weight_scale` fp32 [N, K/64]
+                 (one scale per output row and per 64 inputs; ModelOpt cannot export this)
+- "nvfp4":       `X.weight` uint8 [N, K/2] (element 2i in the low nibble), `X.weight_scale`
+                 float8_e4m3fn [N, K/16], `X.weight_scale_2` fp32 [], `X.input_scale` fp32 [];
+                 w = e2m1(code) * weight_scale * weight_scale_2
+Never quantized: `model.embed_tokens`, every norm, the routers `mlp.gate`, `q_norm`/`k_norm`.
+The drafter's head slice (the draft-vocabulary rows of the target's lm_head) is stored in the
+drafter folder as `lm_head.*` in the head format.
+
+KV cache tensors (`shared/spec/kv-cache.md`):
+- sliding layers with FP8 KV: `model.layers.L.self_attn.k_scale`, `.v_scale` fp32 [] (1.0
+  unless calibrated);
+- full layers with "hadamard-int4": `model.layers.L.self_attn.q_rotation` fp32 [D, D] = M_q =
+  R·diag(g_q ⊙ g_k) and `model.layers.L.self_attn.k_rotation` fp32 [D, D] = M_k = R, with
+  R = H·diag(s)/sqrt(D), s the random signs drawn from manifest["kv_cache"]["seed"] (softmax
+  scale not folded); "int4" (no rotation, for the accuracy comparison) stores
+  M_q = diag(g_q ⊙ g_k) and M_k = identity under the same names.
+
+manifest.json (schema_version 1):
+{
+  "schema_version": 1,
+  "kolibri_trt_version": str, "torch_version": str, "modelopt_version": str | null,
+  "target": "gb10" | "h100" | "h200" | "cpu",  "gpu_arch": "sm_121" | "sm_90" | null,
+  "recipe": {...the recipe as loaded from build/...},
+  "weights": {"target": {group: format}, "drafter": {group: format}},
+      groups: "attention", "experts", "shared_expert", "router", "embedding", "norms",
+              "lm_head"; drafter: "body", "head"
+  "kv_cache": {"sliding": "fp8" | "bf16", "full": "hadamard-int4" | "int4" | "fp8" | "bf16",
+               "seed": int, "head_dim": int},
+  "sources": {relative source path: sha256 hex},   every file the build read
+  "files": {relative engine path: sha256 hex},      every file the build wrote
+  "written_by_modelopt": [tensor-name globs], "written_by_kolibri_trt": [globs + why]
+}
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+TARGET_DIR = "target"
+DRAFTER_DIR = "drafter"
+
+WEIGHT_FORMATS = ("bf16", "fp8", "block_fp8", "nvfp4")
+SLIDING_KV_FORMATS = ("fp8", "bf16")
+FULL_KV_FORMATS = ("hadamard-int4", "int4", "fp8", "bf16")
+BUILD_TARGETS = ("gb10", "h100", "h200", "cpu")
+BLOCK_FP8_GROUP = 64      # inputs per block-FP8 scale (spec: block-drafter.md §Serving)
+NVFP4_GROUP = 16          # inputs per NVFP4 block scale (ModelOpt)
