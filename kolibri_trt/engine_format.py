@@ -65,3 +65,36 @@ FULL_KV_FORMATS = ("hadamard-int4", "int4", "fp8", "bf16")
 BUILD_TARGETS = ("gb10", "h100", "h200", "cpu")
 BLOCK_FP8_GROUP = 64      # inputs per block-FP8 scale (spec: block-drafter.md §Serving)
 NVFP4_GROUP = 16          # inputs per NVFP4 block scale (ModelOpt)
+
+
+def target_weight_group(name: str) -> str:
+    """The manifest group of a target tensor name (`manifest["weights"]["target"]` keys).
+
+    Raises:
+        ValueError: a name outside the spec's tensor list (`kolibri-1.md` §Tensor names).
+    """
+    if name.startswith("model.embed_tokens."):
+        return "embedding"
+    if name.startswith("lm_head."):
+        return "lm_head"
+    if name.startswith("model.norm.") or name.endswith("layernorm.weight") \
+            or ".self_attn.q_norm." in name or ".self_attn.k_norm." in name:
+        return "norms"
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp.experts." in name:
+        return "experts"
+    if ".mlp.shared_expert." in name:
+        return "shared_expert"
+    if ".mlp.gate." in name:
+        return "router"
+    raise ValueError(f"tensor {name!r} belongs to no weight group of the spec")
+
+
+def drafter_weight_group(name: str) -> str:
+    """The manifest group of a drafter tensor: "head" (the lm_head slice), "norms", "body"."""
+    if name.startswith("lm_head."):
+        return "head"
+    if name.endswith("norm.weight") or name.startswith("tap_norms.") or name == "mask_embedding":
+        return "norms"
+    return "body"
