@@ -59,17 +59,28 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.cfg, self.sliding = cfg, cfg.is_sliding(layer)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, H] -> [B, T, H]; positions int64 [T] counted from 0."""
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections, QK-norm and (sliding layers) RoPE.
+
+        x: [..., T, H]; positions int64 [T]. Returns q [..., T, Hq, D], k and v
+        [..., T, Hkv, D] in x.dtype: exactly the keys and values a cache stores.
+        """
         cfg = self.cfg
-        b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, cfg.num_attention_heads, cfg.head_dim))
-        k = self.k_norm(self.k_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim))
-        v = self.v_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim)
+        lead = x.shape[:-1]
+        q = self.q_norm(self.q_proj(x).view(*lead, cfg.num_attention_heads, cfg.head_dim))
+        k = self.k_norm(self.k_proj(x).view(*lead, cfg.num_key_value_heads, cfg.head_dim))
+        v = self.v_proj(x).view(*lead, cfg.num_key_value_heads, cfg.head_dim)
         if self.sliding:
             cos, sin = ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        window = cfg.sliding_window if self.sliding else None
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, H] -> [B, T, H]; positions int64 [T] counted from 0."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x, positions)
+        window = self.cfg.sliding_window if self.sliding else None
         a = ops.attention(q, k, v, ops.causal_ranges(positions, 0, window))
         return self.o_proj(a.reshape(b, t, -1))
 

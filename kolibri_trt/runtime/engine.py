@@ -1,0 +1,194 @@
+"""`LLMEngine`: requests in, one batched step at a time, tokens and text deltas out.
+
+A step schedules streams (continuous batching), runs one forward pass over all of them,
+samples with the position-keyed sampler and commits tokens through each request's
+`OutputProcessor`. Front ends (`LLM`, the CLI, servers) drive `step()` in a loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..engine_format import TARGET_DIR
+from ..sampling import SamplingParams, sample
+from ..tokenizer import KolibriTokenizer
+from .batch import build_metadata
+from .engine_loader import Manifest, load_target
+from .kv_cache import CacheGeometry, KVCache, bytes_per_token, ring_blocks_needed
+from .model_runner import ModelRunner
+from .output import OutputProcessor, RequestOutput
+from .scheduler import BlockManager, Scheduler
+from .sequence import Sequence
+
+SPECULATIVE_MODES = ("off", "copy", "drafter", "copy+drafter")
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Runtime limits. max_num_seqs: streams decoded together; max_model_len: tokens per
+    stream (prompt + output); kv_cache_memory: bytes for the KV cache; block_size: tokens per
+    cache block; max_num_batched_tokens: tokens per step (prefill chunk budget)."""
+
+    max_num_seqs: int = 8
+    max_model_len: int = 4096
+    kv_cache_memory: int = 1 << 30
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "kv_cache_memory", "block_size",
+                     "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive int, got {value!r}")
+        if self.block_size not in (16, 32, 64, 128):
+            raise ValueError(f"block_size: must be one of 16, 32, 64, 128, got {self.block_size}")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step did for one request: the tokens it committed and the text they freed."""
+
+    request_id: str
+    new_token_ids: list[int]
+    delta_text: str
+    output: RequestOutput
+
+
+def plan_cache(cfg, plan, args: EngineArgs, max_step_tokens: int) -> CacheGeometry:
+    """Split `kv_cache_memory` between the sliding rings (one per stream) and full blocks.
+
+    Raises:
+        ValueError: naming kv_cache_memory when it cannot hold one stream of max_model_len.
+    """
+    bs = args.block_size
+    ring = ring_blocks_needed(cfg.sliding_window, max_step_tokens, bs)
+    n_sliding = sum(cfg.is_sliding(i) for i in range(cfg.num_hidden_layers))
+    n_full = cfg.num_hidden_layers - n_sliding
+    sliding_block = bs * bytes_per_token(cfg, plan.sliding) * n_sliding
+    full_block = max(1, bs * bytes_per_token(cfg, plan.full) * n_full)
+    sliding_bytes = ring * args.max_num_seqs * sliding_block
+    num_full = (args.kv_cache_memory - sliding_bytes) // full_block if n_full else 1 << 20
+    need = -(-args.max_model_len // bs)
+    if num_full < need:
+        raise ValueError(f"kv_cache_memory: {args.kv_cache_memory} bytes hold {max(num_full, 0)} "
+                         f"full-layer blocks after {sliding_bytes} bytes of sliding rings; one "
+                         f"stream of max_model_len={args.max_model_len} needs {need}")
+    return CacheGeometry(bs, int(num_full), ring * args.max_num_seqs, ring)
+
+
+class LLMEngine:
+    """Owns the model, the cache, the scheduler and the requests."""
+
+    def __init__(self, engine_dir: str | Path, speculative: str = "copy+drafter",
+                 args: EngineArgs | None = None, device: str = "cpu"):
+        if speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative: must be one of {list(SPECULATIVE_MODES)}, "
+                             f"got {speculative!r}")
+        if speculative != "off":
+            raise NotImplementedError(f"speculative={speculative!r} is not implemented yet; "
+                                      "pass speculative='off'")
+        if device != "cpu":
+            raise NotImplementedError(f"device={device!r}: the runtime runs on CPU so far")
+        self.args = args or EngineArgs()
+        self.manifest = Manifest.read(engine_dir)
+        model, rotations, scales = load_target(Path(engine_dir), self.manifest, device)
+        self.config = model.config
+        self.tokenizer = KolibriTokenizer.from_pretrained(Path(engine_dir) / TARGET_DIR)
+        geometry = plan_cache(self.config, self.manifest.kv, self.args,
+                              self.args.max_num_batched_tokens)
+        self.cache = KVCache(self.config, self.manifest.kv, geometry, scales, device)
+        self.runner = ModelRunner(model, self.cache, rotations)
+        self.scheduler = Scheduler(BlockManager(geometry), self.args.max_num_seqs,
+                                   self.args.max_num_batched_tokens)
+        self.requests: dict[str, tuple[Sequence, OutputProcessor, RequestOutput]] = {}
+        self._ids = itertools.count()
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        """Queue a request (text, or token ids used as they are). Returns its id.
+
+        Raises:
+            ValueError: empty prompt, token id out of range, prompt not shorter than
+                max_model_len, or a request id already in use.
+        """
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt, add_bos=True) if text is not None else list(prompt)
+        self._check_prompt(ids)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise ValueError(f"request_id: {rid!r} is already in use")
+        seq = Sequence(rid, ids, params)
+        max_new = min(params.max_tokens, self.args.max_model_len - len(ids))
+        proc = OutputProcessor(self.tokenizer, params, self.config.eos_token_ids, max_new)
+        out = RequestOutput(rid, text, ids)
+        out.metrics.num_prompt_tokens = len(ids)
+        self.requests[rid] = (seq, proc, out)
+        self.scheduler.add(seq)
+        return rid
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt: must hold at least one token")
+        if any(not 0 <= int(t) < self.config.vocab_size for t in ids):
+            raise ValueError(f"prompt: token ids must be in [0, {self.config.vocab_size})")
+        if len(ids) >= self.args.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens, max_model_len is "
+                             f"{self.args.max_model_len}")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[StepOutput]:
+        """Run one batched pass; returns the requests that committed tokens in it."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        g = self.cache.geometry
+        meta = build_metadata(scheduled, g.block_size, g.ring_blocks)
+        logits, _ = self.runner.forward(meta)
+        sampling = [item.seq for item in scheduled if item.samples]
+        for item in scheduled:
+            item.seq.num_computed += item.num_tokens
+        positions = torch.tensor([len(s.output_token_ids) for s in sampling])
+        tokens = sample(logits, [s.params for s in sampling], positions).tolist()
+        return [self._commit(seq, [tok]) for seq, tok in zip(sampling, tokens)]
+
+    def _commit(self, seq: Sequence, tokens: list[int]) -> StepOutput:
+        _, proc, out = self.requests[seq.request_id]
+        now = time.perf_counter()
+        committed, delta = [], ""
+        for tok in tokens:
+            seq.output_token_ids.append(tok)
+            committed.append(tok)
+            delta += proc.append(tok)
+            if proc.finish_reason is not None:
+                break
+        if out.metrics.time_to_first_token_s is None:
+            out.metrics.time_to_first_token_s = now - seq.arrival_time
+        out.token_ids.extend(committed)
+        out.text = proc.text
+        out.metrics.num_generated_tokens = len(out.token_ids)
+        out.metrics.num_steps += 1
+        out.metrics.num_preemptions = seq.num_preemptions
+        if proc.finish_reason is not None:
+            out.finish_reason = proc.finish_reason
+            out.metrics.total_time_s = now - seq.arrival_time
+            self.scheduler.finish(seq)
+            del self.requests[seq.request_id]
+        return StepOutput(seq.request_id, committed, delta, out)
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request and free its cache blocks (a client went away)."""
+        entry = self.requests.pop(request_id, None)
+        if entry is None:
+            return
+        seq = entry[0]
+        if seq in self.scheduler.waiting:
+            self.scheduler.waiting.remove(seq)
+        self.scheduler.finish(seq)
