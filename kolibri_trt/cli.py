@@ -1,5 +1,8 @@
-"""`kolibri-trt` command line: fixtures and the reference generation loop.
+"""`kolibri-trt` command line: generation on an engine, fixtures, the reference loop.
 
+    kolibri-trt generate --engine DIR (--prompt TEXT | --prompts-file JSONL) [--per-category N]
+        [--limit N] [--max-tokens N] [--temperature T] [--seed S] [--stream] [--speculative MODE]
+        [--max-num-seqs N]
     kolibri-trt make-fixtures [--out DIR] [--seed N] [--force]
     kolibri-trt reference-generate --model DIR (--prompt TEXT | --prompts-file JSONL)
         [--per-category N] [--limit N] [--max-tokens N] [--temperature T] [--seed S]
@@ -62,9 +65,51 @@ def _reference_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from .runtime import LLM
+    from .sampling import SamplingParams
+
+    llm = LLM(args.engine, speculative=args.speculative, max_num_seqs=args.max_num_seqs)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            seed=args.seed)
+    prompts = _prompts(args)
+    convs = [[{"role": "user", "content": p.text}] for p in prompts]
+    ids = [llm.tokenizer.apply_chat_template(c) for c in convs]
+    t0 = time.perf_counter()
+    if args.stream:
+        outs = []
+        for p, prompt_ids in zip(prompts, ids):
+            print(f"[{p.category}] ", end="", flush=True)
+            for delta in llm.stream(prompt_ids, params):
+                print(delta, end="", flush=True)
+            print()
+        n = None
+    else:
+        outs = llm.generate(ids, params)
+        for p, out in zip(prompts, outs):
+            print(f"[{p.category}] {p.text[:70].replace(chr(10), ' ')!r}")
+            print(f"  -> {out.text!r}")
+            print(f"     {len(out.token_ids)} tokens, finish_reason={out.finish_reason}")
+        n = sum(len(o.token_ids) for o in outs)
+    dt = time.perf_counter() - t0
+    if n is not None:
+        print(f"{len(prompts)} requests, {n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s "
+              f"(max_num_seqs={args.max_num_seqs}, speculative={args.speculative})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kolibri-trt", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate with a built engine")
+    gen.add_argument("--engine", type=Path, required=True, help="folder written by build.py")
+    _prompt_args(gen)
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--speculative", default="copy+drafter",
+                     help="off | copy | drafter | copy+drafter")
+    gen.add_argument("--max-num-seqs", type=int, default=8)
+    gen.set_defaults(func=_generate)
 
     fx = sub.add_parser("make-fixtures", help="write the scaled-down default target + drafter")
     fx.add_argument("--out", type=Path, default=DEFAULT_DIR)
@@ -74,23 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     rg = sub.add_parser("reference-generate", help="plain reference loop (no cache, no drafts)")
     rg.add_argument("--model", type=Path, required=True, help="Kolibri-1 checkpoint folder")
-    src = rg.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt")
-    src.add_argument("--prompts-file", type=Path, help="Spec-Bench / HumanEval JSONL(.gz)")
-    rg.add_argument("--per-category", type=int, default=None)
-    rg.add_argument("--limit", type=int, default=None)
-    rg.add_argument("--max-tokens", type=int, default=16)
-    rg.add_argument("--temperature", type=float, default=0.0)
-    rg.add_argument("--seed", type=int, default=0)
+    _prompt_args(rg)
     rg.set_defaults(func=_reference_generate)
     return parser
+
+
+def _prompt_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompts-file", type=Path, help="Spec-Bench / HumanEval JSONL(.gz)")
+    p.add_argument("--per-category", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as exc:
         print(f"kolibri-trt {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
