@@ -83,9 +83,9 @@ def test_spine_reads_states_before_the_layer(micro_drafter):
     # Feed the spine-updated rows to a copy without a spine: the outputs must agree.
     plain = copy.deepcopy(layer)
     del plain.spine
-    ctx, pos = torch.randn(3, x.shape[1]), torch.arange(3)
-    torch.testing.assert_close(layer(x, ctx, 3 + torch.arange(4), pos),
-                               plain(expected_rows, ctx, 3 + torch.arange(4), pos))
+    ck, cv = layer.kv(torch.randn(3, x.shape[1]), torch.arange(3))
+    torch.testing.assert_close(layer(x, ck, cv, 3 + torch.arange(4)),
+                               plain(expected_rows, ck, cv, 3 + torch.arange(4)))
 
 
 def test_predecessor_head_only_on_rows_from_one(micro_drafter, micro_target):

@@ -69,23 +69,42 @@ class KolibriBlockDrafter(nn.Module):
         """E[token_ids] from the target's embedding, in the drafter's dtype."""
         return F.embedding(token_ids, self.target.embed_tokens).to(self.fc.weight.dtype)
 
+    def context_rows(self, fused: torch.Tensor, next_token_ids: torch.Tensor) -> torch.Tensor:
+        """ctx_i = fc(cat(fused_i, E[t_{i+1}])): fused [N, H], next_token_ids int64 [N] -> [N, H]."""
+        return self.fc(torch.cat([fused, self.embed(next_token_ids)], dim=-1))
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's keys/values of context rows ctx [N, H] at `positions` int64 [N]."""
+        return [layer.kv(ctx, positions) for layer in self.layers]
+
     def block_pass(self, fused: torch.Tensor, next_token_ids: torch.Tensor) -> BlockProposal:
-        """One pass with anchor p = P - 1.
+        """One pass with anchor p = P - 1 (reference: context recomputed from scratch).
 
         fused: [P, H] fused states of positions 0..p; next_token_ids: int64 [P], t_{i+1}.
         Context rows are ctx_i = fc(cat(fused_i, E[t_{i+1}])) for max(0, p - context_window)
         <= i < p; row 0 = ctx_p; rows j >= 1 = fc(cat(fused_p, mask_embedding)).
         """
-        c = self.config
         p = fused.shape[0] - 1
-        ctx = self.fc(torch.cat([fused, self.embed(next_token_ids)], dim=-1))
-        mask_row = self.fc(torch.cat([fused[p], self.mask_embedding.to(fused.dtype)]))
-        x = torch.cat([ctx[p:p + 1], mask_row.expand(c.block_size - 1, -1)], dim=0)
-        start = max(0, p - c.context_window)
-        ctx_pos = torch.arange(start, p, device=fused.device)
-        row_pos = p + torch.arange(c.block_size, device=fused.device)
-        for layer in self.layers:
-            x = layer(x, ctx[start:p], row_pos, ctx_pos)
+        start = max(0, p - self.config.context_window)
+        ctx = self.context_rows(fused[start:], next_token_ids[start:])
+        kv = self.context_kv(ctx[:-1], torch.arange(start, p, device=fused.device))
+        return self.block_pass_cached(fused[p], ctx[-1], p, kv)
+
+    def block_pass_cached(self, anchor_fused: torch.Tensor, anchor_ctx: torch.Tensor, p: int,
+                          kv: list[tuple[torch.Tensor, torch.Tensor]]) -> BlockProposal:
+        """One pass from cached context keys/values.
+
+        anchor_fused, anchor_ctx: [H] fused_p and ctx_p; p: the anchor position; kv: per
+        layer (k, v) [C, Hkv, D] of the context rows at positions p - C .. p - 1, where
+        C = min(p, context_window).
+        """
+        c = self.config
+        mask_row = self.fc(torch.cat([anchor_fused, self.mask_embedding.to(anchor_fused.dtype)]))
+        x = torch.cat([anchor_ctx[None], mask_row.expand(c.block_size - 1, -1)], dim=0)
+        row_pos = p + torch.arange(c.block_size, device=x.device)
+        for layer, (k, v) in zip(self.layers, kv):
+            x = layer(x, k, v, row_pos)
         return self._heads(x)
 
     def _heads(self, x: torch.Tensor) -> BlockProposal:

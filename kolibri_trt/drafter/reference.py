@@ -107,24 +107,33 @@ class DrafterLayer(nn.Module):
             self.spine = LowRank(cfg.hidden_size, cfg.spine_rank, cfg.rms_norm_eps)
         self.cfg = cfg
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, row_pos: torch.Tensor,
-                ctx_pos: torch.Tensor) -> torch.Tensor:
-        """x: block rows [B, H]; ctx: context rows [C, H] (not carried through layers);
-        row_pos int64 [B], ctx_pos int64 [C]: RoPE positions. Returns the new rows [B, H]."""
+    def kv(self, rows: torch.Tensor, positions: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (RoPE at `positions`) and values of rows [N, H]: [N, Hkv, D] each. For context
+        rows they depend on the row alone, which is what the drafter's KV cache stores."""
+        cfg, attn = self.cfg, self.self_attn
+        xn = self.input_layernorm(rows)
+        k = attn.k_proj(xn).view(rows.shape[0], cfg.num_key_value_heads, cfg.head_dim)
+        v = attn.v_proj(xn).view(rows.shape[0], cfg.num_key_value_heads, cfg.head_dim)
+        cos, sin = ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        return ops.apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+                row_pos: torch.Tensor) -> torch.Tensor:
+        """x: block rows [B, H]; ctx_k, ctx_v: [C, Hkv, D] keys/values of the context rows
+        (`kv` of ctx_i at position i; context rows are not carried through layers); row_pos
+        int64 [B]: RoPE positions of the rows. Returns the new rows [B, H]."""
         if hasattr(self, "spine") and x.shape[0] > 1:
             delta = self.spine(x[:-1])          # every row reads the states before this layer
             x = torch.cat([x[:1], x[1:] + delta], dim=0)  # row 0 untouched
         cfg, attn = self.cfg, self.self_attn
-        xn, cn = self.input_layernorm(x), self.input_layernorm(ctx)
-        kv_in = torch.cat([cn, xn], dim=0)
-        q = attn.q_proj(xn).view(1, x.shape[0], cfg.num_attention_heads, cfg.head_dim)
-        k = attn.k_proj(kv_in).view(1, kv_in.shape[0], cfg.num_key_value_heads, cfg.head_dim)
-        v = attn.v_proj(kv_in).view(1, kv_in.shape[0], cfg.num_key_value_heads, cfg.head_dim)
-        k_pos = torch.cat([ctx_pos, row_pos])
+        q = attn.q_proj(self.input_layernorm(x)).view(1, x.shape[0], cfg.num_attention_heads,
+                                                      cfg.head_dim)
         cq, sq = ops.rope_cos_sin(row_pos, cfg.head_dim, cfg.rope_theta)
-        ck, sk = ops.rope_cos_sin(k_pos, cfg.head_dim, cfg.rope_theta)
-        q, k = ops.apply_rope(q, cq, sq), ops.apply_rope(k, ck, sk)
-        ranges = [(0, ctx.shape[0] + j + 1) for j in range(x.shape[0])]  # context + rows 0..j
+        q = ops.apply_rope(q, cq, sq)
+        rk, rv = self.kv(x, row_pos)
+        k, v = torch.cat([ctx_k, rk])[None], torch.cat([ctx_v, rv])[None]
+        ranges = [(0, ctx_k.shape[0] + j + 1) for j in range(x.shape[0])]  # context + rows 0..j
         a = ops.attention(q, k, v, ranges)[0].reshape(x.shape[0], -1)
         x = x + attn.o_proj(a)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,78 @@
+"""Verification of draft tokens: a pure function of the target's logits.
+
+Lossless by construction (seed 000: "replies are the same with and without the drafter"):
+the target's own token at each verified position is chosen exactly as non-speculative decoding
+would choose it (argmax for greedy; the position-keyed Gumbel sample of `sampling.py` for
+sampling), a draft is accepted while it equals that token, and at the first mismatch (or after
+the last draft) the target's own token is taken: the bonus token. Given row-invariant target
+logits, the committed tokens are those of plain decoding, token for token.
+
+For a real draft distribution `rejection_sample` offers standard speculative sampling
+(Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding", Alg. 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingParams, filter_logits, sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Result for one stream: `tokens` = the accepted drafts followed by the bonus token
+    (len = num_accepted + 1); num_accepted counts drafts kept (0 .. len(drafts))."""
+
+    tokens: list[int]
+    num_accepted: int
+
+
+def verify(logits: torch.Tensor, drafts: list[int], params: SamplingParams,
+           first_position: int) -> Verdict:
+    """Accept drafts while they equal the target's own choice.
+
+    logits: fp32 [1 + k, V], row i = the target's logits after the newest token and the
+    first i drafts; drafts: k draft token ids; first_position: output position n of the token
+    that row 0 chooses (the sampler's key). Raises ValueError on a shape mismatch.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(drafts) + 1:
+        raise ValueError(f"logits: expected [{len(drafts) + 1}, V], got {tuple(logits.shape)}")
+    positions = torch.arange(first_position, first_position + len(drafts) + 1)
+    own = sample(logits, [params] * (len(drafts) + 1), positions).tolist()
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == own[accepted]:
+        accepted += 1
+    return Verdict(own[: accepted + 1], accepted)
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution sampling draws from: softmax(filter(logits / T)); fp32 [N, V]."""
+    n = logits.shape[0]
+    scaled = logits.float() / params.temperature
+    scaled = filter_logits(scaled, torch.full((n,), params.top_k),
+                           torch.full((n,), params.top_p, dtype=torch.float32))
+    return torch.softmax(scaled, dim=-1)
+
+
+def rejection_sample(target_p: torch.Tensor, draft_q: torch.Tensor, drafts: list[int],
+                     generator: torch.Generator) -> Verdict:
+    """Speculative sampling: accept draft x_i with probability min(1, p_i(x)/q_i(x)); at the
+    first rejection sample from norm(max(0, p_i - q_i)); if all pass, sample from p_k.
+
+    target_p: fp32 [k+1, V]; draft_q: fp32 [k, V] (the proposer's distributions); drafts: the
+    k tokens drawn from draft_q. The output is distributed exactly as sampling from target_p.
+    """
+    out = []
+    for i, x in enumerate(drafts):
+        p, q = float(target_p[i, x]), float(draft_q[i, x])
+        if q > 0 and torch.rand((), generator=generator).item() < min(1.0, p / q):
+            out.append(x)
+            continue
+        residual = (target_p[i] - draft_q[i]).clamp_min(0)
+        residual = residual / residual.sum() if residual.sum() > 0 else target_p[i]
+        out.append(int(torch.multinomial(residual, 1, generator=generator)))
+        return Verdict(out, i)
+    out.append(int(torch.multinomial(target_p[len(drafts)], 1, generator=generator)))
+    return Verdict(out, len(drafts))
