@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from kolibri_trt.config import FULL, SLIDING
-from kolibri_trt.fixtures import random_target, tiny_target_config
+from kolibri_trt.fixtures import random_drafter, random_target, tiny_drafter_config, tiny_target_config
 from kolibri_trt.tokenizer import write_tekken_tokenizer
 
 VOCAB = 2000
@@ -25,11 +25,23 @@ def small_target(window: int = 24):
     return random_target(cfg, seed=21)
 
 
-def write_bf16_engine(folder: Path, model) -> Path:
+def small_drafter(target):
+    """A block drafter for `small_target` (2 heads of 128, block 4, context window 32)."""
+    cfg = tiny_drafter_config(target.config, num_attention_heads=1, num_key_value_heads=1,
+                              intermediate_size=96, predecessor_rank=16, spine_rank=16,
+                              draft_vocab_size=1500, context_window=32)
+    return random_drafter(cfg, target, seed=22)
+
+
+def write_bf16_engine(folder: Path, model, drafter=None) -> Path:
     """An unquantized engine (bf16 weights, bf16 KV cache) in the engine format."""
     model.save_pretrained(folder / "target")
     write_tekken_tokenizer(folder / "target", vocab_size=model.config.vocab_size)
-    manifest = {"schema_version": 1, "weights": {"target": {g: "bf16" for g in GROUPS}},
+    weights = {"target": {g: "bf16" for g in GROUPS}}
+    if drafter is not None:
+        drafter.save_pretrained(folder / "drafter")
+        weights["drafter"] = {"body": "bf16", "head": "bf16"}
+    manifest = {"schema_version": 1, "weights": weights,
                 "kv_cache": {"sliding": "bf16", "full": "bf16"}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder

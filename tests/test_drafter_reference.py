@@ -130,3 +130,17 @@ def test_propose_checks_input_shapes(micro_drafter, micro_target):
         micro_drafter.propose(taps[:, :2], nxt)
     with pytest.raises(ValueError, match="next_token_ids"):
         micro_drafter.propose(taps, nxt[:-1])
+
+
+@pytest.mark.parametrize("length, depth", [(1, 1), (5, 2), (9, 3)])
+def test_cached_proposal_equals_reference_depth(micro_drafter, micro_target, length, depth):
+    taps, nxt = _inputs(micro_drafter, micro_target, length)
+    d = micro_drafter
+    fused = d.fuse_taps(taps)
+    p = length - 1
+    start = max(0, p - d.config.context_window)
+    kv = d.context_kv(d.context_rows(fused[start:p], nxt[start:p]), torch.arange(start, p))
+    drafts, logits = d.propose_cached(fused[p], nxt[p], p, kv, depth)
+    ref_drafts, ref_logits = d.propose_depth(taps, nxt, depth)
+    assert torch.equal(drafts, ref_drafts)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)

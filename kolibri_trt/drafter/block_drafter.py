@@ -121,6 +121,36 @@ class KolibriBlockDrafter(nn.Module):
         return BlockProposal(torch.stack(drafts), torch.stack(logits), torch.stack(states))
 
     @torch.no_grad()
+    def propose_cached(self, fused_p: torch.Tensor, next_p: torch.Tensor, p: int,
+                       kv: list[tuple[torch.Tensor, torch.Tensor]], depth: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`depth` passes from cached context keys/values (what an engine runs).
+
+        fused_p: [H] the anchor's fused state; next_p: int64 [] its sampled next token; kv: per
+        layer (k, v) of the context rows at positions p - C .. p - 1 (C = min(p, window)).
+        Provisional rows of earlier passes are added to a copy of kv and dropped at return.
+        Returns drafts int64 [depth*B] and fp32 logits [depth*B, Vd] (as `propose_depth`).
+        """
+        c, drafts, logits = self.config, [], []
+        anchor_ctx = self.context_rows(fused_p[None], next_p[None])[0]
+        for r in range(depth):
+            out = self.block_pass_cached(fused_p, anchor_ctx, p, kv)
+            drafts.append(out.draft_ids)
+            logits.append(out.logits)
+            if r == depth - 1:
+                break
+            # positions p .. p+B-1 become context rows: fused (fused_p, g_0..g_{B-2}) with
+            # next tokens (t_{p+1}, d_1..d_{B-1}); the new anchor p+B has g_{B-1} and d_B.
+            rows = torch.cat([anchor_ctx[None], self.context_rows(out.states[:-1],
+                                                                   out.draft_ids[:-1])])
+            new = self.context_kv(rows, p + torch.arange(c.block_size, device=rows.device))
+            kv = [(torch.cat([k, nk])[-c.context_window:], torch.cat([v, nv])[-c.context_window:])
+                  for (k, v), (nk, nv) in zip(kv, new)]
+            p, fused_p = p + c.block_size, out.states[-1]
+            anchor_ctx = self.context_rows(fused_p[None], out.draft_ids[-1:])[0]
+        return torch.cat(drafts), torch.cat(logits)
+
+    @torch.no_grad()
     def propose(self, taps: torch.Tensor, next_token_ids: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Reference one-pass proposal (spec §Reference API).

@@ -12,20 +12,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from ..engine_format import TARGET_DIR
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams
+from ..spec.drafter_proposer import DrafterProposer
+from ..spec.metrics import SpecMetrics
+from ..spec.speculator import MODES as SPECULATIVE_MODES
+from ..spec.speculator import Speculator
+from ..spec.verify import verify
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
-from .engine_loader import Manifest, load_target
+from .engine_loader import Manifest, load_drafter, load_target
 from .kv_cache import CacheGeometry, KVCache, bytes_per_token, ring_blocks_needed
 from .model_runner import ModelRunner
 from .output import OutputProcessor, RequestOutput
 from .scheduler import BlockManager, Scheduler
 from .sequence import Sequence
 
-SPECULATIVE_MODES = ("off", "copy", "drafter", "copy+drafter")
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,16 @@ class EngineArgs:
     kv_cache_memory: int = 1 << 30
     block_size: int = 16
     max_num_batched_tokens: int = 512
+    num_speculative_tokens: int = 8      # draft tokens per stream and pass, at most
+    drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
 
     def __post_init__(self) -> None:
+        if self.drafter_depth is not None and (not isinstance(self.drafter_depth, int)
+                                               or self.drafter_depth < 1):
+            raise ValueError(f"drafter_depth: must be None or an int >= 1, got "
+                             f"{self.drafter_depth!r}")
         for name in ("max_num_seqs", "max_model_len", "kv_cache_memory", "block_size",
-                     "max_num_batched_tokens"):
+                     "max_num_batched_tokens", "num_speculative_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive int, got {value!r}")
@@ -90,9 +99,6 @@ class LLMEngine:
         if speculative not in SPECULATIVE_MODES:
             raise ValueError(f"speculative: must be one of {list(SPECULATIVE_MODES)}, "
                              f"got {speculative!r}")
-        if speculative != "off":
-            raise NotImplementedError(f"speculative={speculative!r} is not implemented yet; "
-                                      "pass speculative='off'")
         if device != "cpu":
             raise NotImplementedError(f"device={device!r}: the runtime runs on CPU so far")
         self.args = args or EngineArgs()
@@ -108,6 +114,14 @@ class LLMEngine:
                                    self.args.max_num_batched_tokens)
         self.requests: dict[str, tuple[Sequence, OutputProcessor, RequestOutput]] = {}
         self._ids = itertools.count()
+        proposer = None
+        if "drafter" in speculative:
+            drafter = load_drafter(Path(engine_dir), self.manifest, model, device)
+            depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
+            proposer = DrafterProposer(drafter, depth)
+        self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens)
+        self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
+        self.stats = SpecMetrics()
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> str:
@@ -129,6 +143,7 @@ class LLMEngine:
         out = RequestOutput(rid, text, ids)
         out.metrics.num_prompt_tokens = len(ids)
         self.requests[rid] = (seq, proc, out)
+        self.speculator.add(rid, ids)
         self.scheduler.add(seq)
         return rid
 
@@ -145,19 +160,62 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[StepOutput]:
-        """Run one batched pass; returns the requests that committed tokens in it."""
-        scheduled = self.scheduler.schedule()
+        """One batched target pass: propose drafts, verify every stream's drafts together,
+        commit what was accepted. Returns the requests that committed tokens."""
+        drafts = self._propose()
+        scheduled = self.scheduler.schedule({rid: len(d[0]) for rid, d in drafts.items()})
         if not scheduled:
             return []
+        extra = {it.seq.request_id: drafts[it.seq.request_id][0] for it in scheduled
+                 if it.samples and it.seq.request_id in drafts}
         g = self.cache.geometry
-        meta = build_metadata(scheduled, g.block_size, g.ring_blocks)
-        logits, _ = self.runner.forward(meta)
-        sampling = [item.seq for item in scheduled if item.samples]
-        for item in scheduled:
-            item.seq.num_computed += item.num_tokens
-        positions = torch.tensor([len(s.output_token_ids) for s in sampling])
-        tokens = sample(logits, [s.params for s in sampling], positions).tolist()
-        return [self._commit(seq, [tok]) for seq, tok in zip(sampling, tokens)]
+        meta = build_metadata(scheduled, g.block_size, g.ring_blocks, extra)
+        logits, taps = self.runner.forward(meta, self.tap_layers)
+        outputs, row = [], 0
+        for s, item in enumerate(scheduled):
+            seq, rid = item.seq, item.seq.request_id
+            seq.num_computed += item.num_tokens
+            first = int(meta.cu_q_lens[s])
+            if not item.samples:
+                self._observe(seq, item.start, taps, first, item.num_tokens, [])
+                continue
+            d, sources = extra.get(rid, []), drafts.get(rid, ([], []))[1]
+            verdict = verify(logits[row:row + 1 + len(d)], d, seq.params,
+                             len(seq.output_token_ids))
+            row += 1 + len(d)
+            step = self._commit(seq, verdict.tokens)
+            self._record(step, sources[:len(d)], verdict.num_accepted)
+            if not step.output.finished:
+                seq.num_computed += verdict.num_accepted
+                self._observe(seq, item.start, taps, first,
+                              item.num_tokens + verdict.num_accepted, step.new_token_ids)
+            outputs.append(step)
+        return outputs
+
+    def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
+        """Drafts for every running stream that is past its prefill."""
+        out = {}
+        for seq in self.scheduler.running:
+            if seq.num_pending != 1:
+                continue
+            proc = self.requests[seq.request_id][1]
+            room = min(proc.max_new_tokens - len(seq.output_token_ids) - 1,
+                       self.args.max_model_len - seq.num_tokens - 1)
+            tokens = seq.prompt_token_ids + seq.output_token_ids
+            d, src = self.speculator.propose(seq.request_id, tokens, room)
+            if d:
+                out[seq.request_id] = (d, src)
+        return out
+
+    def _observe(self, seq: Sequence, start: int, taps, first: int, n: int,
+                 committed: list[int]) -> None:
+        rows = None if taps is None else taps[first:first + n]
+        self.speculator.observe(seq.request_id, start, rows, committed)
+
+    def _record(self, step: StepOutput, sources: list[str], accepted: int) -> None:
+        m = step.output.metrics.spec
+        m.record(sources, accepted, len(step.new_token_ids))
+        self.stats.record(sources, accepted, len(step.new_token_ids))
 
     def _commit(self, seq: Sequence, tokens: list[int]) -> StepOutput:
         _, proc, out = self.requests[seq.request_id]
@@ -180,6 +238,7 @@ class LLMEngine:
             out.finish_reason = proc.finish_reason
             out.metrics.total_time_s = now - seq.arrival_time
             self.scheduler.finish(seq)
+            self.speculator.drop(seq.request_id)
             del self.requests[seq.request_id]
         return StepOutput(seq.request_id, committed, delta, out)
 
@@ -192,3 +251,4 @@ class LLMEngine:
         if seq in self.scheduler.waiting:
             self.scheduler.waiting.remove(seq)
         self.scheduler.finish(seq)
+        self.speculator.drop(request_id)

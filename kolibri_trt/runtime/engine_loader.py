@@ -148,3 +148,21 @@ def load_target(engine_dir: Path, manifest: Manifest, device: str | torch.device
         if pre + "k_scale" in tensors:
             scales[i] = (float(tensors[pre + "k_scale"]), float(tensors[pre + "v_scale"]))
     return model.requires_grad_(False).eval(), rotations, scales
+
+
+def load_drafter(engine_dir: Path, manifest: Manifest, target: KolibriForCausalLM,
+                 device: str | torch.device):
+    """The block drafter of `engine_dir/drafter`, bound to the loaded target.
+
+    Raises:
+        CheckpointError: the engine has no drafter, or its files are bad.
+    """
+    from ..drafter import KolibriBlockDrafter
+    from ..engine_format import DRAFTER_DIR
+    folder = engine_dir / DRAFTER_DIR
+    if not manifest.drafter_formats or not folder.is_dir():
+        raise CheckpointError(folder, "this engine has no drafter (build it with one, or use "
+                              "speculative='off' or 'copy')")
+    if set(manifest.drafter_formats.values()) != {"bf16"}:
+        raise NotImplementedError("quantized drafter weights are not loaded on CPU yet")
+    return KolibriBlockDrafter.from_pretrained(folder, target=target, device=device)

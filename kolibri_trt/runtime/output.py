@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..sampling import SamplingParams
+from ..spec.metrics import SpecMetrics
 from ..tokenizer import KolibriTokenizer
 
 
@@ -25,6 +26,7 @@ class RequestMetrics:
     total_time_s: float | None = None
     num_preemptions: int = 0
     num_steps: int = 0              # target passes that produced tokens for this request
+    spec: SpecMetrics = field(default_factory=SpecMetrics)  # drafts proposed / accepted
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -1,0 +1,73 @@
+"""The proposal policy of a step: copy first, the block drafter on a miss (seed 000).
+
+Modes: "off" (no drafts), "copy", "drafter", "copy+drafter". Proposals are made before the
+step's single target pass; after verification only committed tokens (and the taps of
+committed positions) reach the copy index and the drafter's state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .copy_proposer import CopyIndex
+from .drafter_proposer import DrafterProposer
+
+MODES = ("off", "copy", "drafter", "copy+drafter")
+
+
+class Speculator:
+    """Per-stream proposers. `limit` caps the drafts of one pass (copy and drafter)."""
+
+    def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
+                 min_ngram: int = 2, max_ngram: int = 4):
+        if mode not in MODES:
+            raise ValueError(f"speculative: must be one of {list(MODES)}, got {mode!r}")
+        if "drafter" in mode and drafter is None:
+            raise ValueError(f"speculative={mode!r} needs a drafter in the engine")
+        if limit < 1:
+            raise ValueError(f"num_speculative_tokens: must be >= 1, got {limit}")
+        self.mode, self.drafter, self.limit = mode, drafter, limit
+        self.ngram = (min_ngram, max_ngram)
+        self.copy: dict[str, CopyIndex] = {}
+
+    @property
+    def needs_taps(self) -> bool:
+        return self.drafter is not None and "drafter" in self.mode
+
+    def add(self, request_id: str, prompt: list[int]) -> None:
+        if "copy" in self.mode:
+            self.copy[request_id] = CopyIndex(*self.ngram)
+            self.copy[request_id].extend(prompt)
+
+    def drop(self, request_id: str) -> None:
+        self.copy.pop(request_id, None)
+        if self.drafter is not None:
+            self.drafter.reset(request_id)
+
+    def propose(self, request_id: str, tokens: list[int], room: int
+                ) -> tuple[list[int], list[str]]:
+        """Drafts after the stream's tokens and the source of each; at most `room` drafts."""
+        k = min(self.limit, room)
+        if self.mode == "off" or k <= 0:
+            return [], []
+        if "copy" in self.mode:
+            drafts = self.copy[request_id].propose(k)
+            if drafts:
+                return drafts, ["copy"] * len(drafts)
+        if self.needs_taps:
+            drafts = self.drafter.propose(request_id, tokens)[:k]
+            b = self.drafter.drafter.config.block_size
+            return drafts, ["drafter_row0" if i % b == 0 else "drafter_rows1+"
+                            for i in range(len(drafts))]
+        return [], []
+
+    def observe(self, request_id: str, start: int, taps: torch.Tensor | None,
+                committed: list[int]) -> None:
+        """Positions start.. were processed and are committed (their taps [n, n_taps, H]);
+        `committed` are the tokens newly appended to the stream."""
+        if request_id in self.copy:
+            self.copy[request_id].extend(committed)
+        if self.needs_taps and taps is not None and taps.shape[0]:
+            if start == 0:
+                self.drafter.reset(request_id)   # a (re)started prefill: preemption recomputes
+            self.drafter.observe(request_id, start, taps)
