@@ -1,0 +1,159 @@
+"""Shared helpers of the kolibri_trt_plugins kernels: Triton discovery, launching, argument checks.
+
+Nothing here imports kolibri_trt; plugins depend on torch and (optionally, on CPU) triton only.
+
+Launch policy (the contract every op in this package follows):
+- CUDA tensors run the Triton kernel. If Triton cannot be imported, the op raises RuntimeError:
+  nothing silently falls back to the torch reference on the GPU.
+- CPU tensors run the plain-torch ``*_ref`` function (the reference path). Tests may instead run the
+  Triton kernel on CPU tensors through Triton's interpreter with ``launch(..., interpret=True)``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+try:  # Triton is optional on CPU-only machines (the reference path needs only torch).
+    import triton  # noqa: F401
+    import triton.language as tl  # noqa: F401
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+NAMESPACE = "kolibri_plugins"
+"""torch.library namespace of every op in this package: ``torch.ops.kolibri_plugins.<name>``."""
+
+_INTERPRETED: dict = {}
+
+
+def jit(fn):
+    """``triton.jit`` when Triton is importable, else the plain function (never launched)."""
+    if HAVE_TRITON:
+        return triton.jit(fn)
+    return fn
+
+
+def require_triton(what: str) -> None:
+    """Raise RuntimeError if Triton is missing: CUDA tensors never fall back to the reference."""
+    if not HAVE_TRITON:
+        raise RuntimeError(f"{what}: CUDA tensors need Triton, which could not be imported")
+
+
+def interpreter_ready() -> bool:
+    """True when TRITON_INTERPRET=1 was set before triton was first imported (Triton decides at
+    import time whether tl.sum & co. are interpreted). :func:`launch` works either way."""
+    if not HAVE_TRITON:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.sum, InterpretedFunction)
+
+
+def _interpret_patch(kernel_fn):
+    """Interpreter support after a plain ``import triton`` (TRITON_INTERPRET unset at import):
+    swap every @triton.jit helper that an interpreted kernel may call (Triton's standard library
+    and the kernel module's own helpers) for an InterpretedFunction; returns an undo list."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    import triton.language.math as tl_math
+    import triton.language.standard as tl_std
+
+    try:  # imported lazily by the interpreter; it must see the original JIT functions
+        import triton.experimental.gluon  # noqa: F401
+    except Exception:  # pragma: no cover
+        pass
+    undo = []
+    spaces = [vars(tl), vars(tl_std), vars(tl_math), kernel_fn.__globals__]
+    for space in spaces:
+        for name, obj in list(space.items()):
+            if isinstance(obj, JITFunction):
+                undo.append((space, name, obj))
+                space[name] = InterpretedFunction(obj.fn)
+    return undo
+
+
+def launch(kernel, grid: Sequence[int], *args, interpret: bool = False, **kwargs) -> None:
+    """Launch ``kernel[grid](*args, **kwargs)``; with ``interpret=True`` run it in Triton's
+    interpreter on CPU tensors (tests only; works whether or not TRITON_INTERPRET was set)."""
+    require_triton(getattr(kernel, "__name__", "kernel"))
+    if not interpret:
+        kernel[tuple(grid)](*args, **kwargs)
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+    if isinstance(kernel, InterpretedFunction):  # TRITON_INTERPRET=1 was set before import
+        kernel[tuple(grid)](*args, **kwargs)
+        return
+    undo = [] if interpreter_ready() else _interpret_patch(kernel.fn)
+    try:
+        InterpretedFunction(kernel.fn)[tuple(grid)](*args, **kwargs)
+    finally:
+        for space, name, obj in reversed(undo):
+            space[name] = obj
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= max(n, 1)."""
+    n = max(int(n), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_tensor(
+    name: str,
+    t,
+    dtype: torch.dtype | Iterable[torch.dtype] | None = None,
+    shape: Sequence | None = None,
+    device: torch.device | None = None,
+    contiguous: bool = True,
+) -> torch.Tensor:
+    """Validate one tensor argument; raise ValueError naming ``name`` on any mismatch.
+
+    ``shape`` entries may be ints (must match) or None (any size). ``contiguous`` demands
+    row-major strides (the kernels index with the layout's natural strides).
+    """
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if t.dtype not in allowed:
+            raise ValueError(f"{name}: dtype {t.dtype}, expected one of {allowed}")
+    if shape is not None:
+        if t.dim() != len(shape):
+            raise ValueError(f"{name}: {t.dim()} dims {tuple(t.shape)}, expected {len(shape)} dims")
+        for i, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, dim {i} should be {want}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, expected {device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: strides {t.stride()} are not contiguous (row-major) for shape "
+                         f"{tuple(t.shape)}")
+    return t
+
+
+def check_scalar_tensor(name: str, t, device: torch.device) -> torch.Tensor:
+    """A per-layer fp32 scale passed as a one-element tensor (0-dim or [1]) on ``device``."""
+    check_tensor(name, t, torch.float32, device=device, contiguous=True)
+    if t.numel() != 1:
+        raise ValueError(f"{name}: expected one element (0-dim or [1]), got shape {tuple(t.shape)}")
+    return t
+
+
+def kernel_path(t: torch.Tensor, what: str) -> str:
+    """'triton' for CUDA tensors (Triton required), 'ref' for CPU tensors, else ValueError."""
+    if t.device.type == "cuda":
+        require_triton(what)
+        return "triton"
+    if t.device.type == "cpu":
+        return "ref"
+    raise ValueError(f"{what}: unsupported device {t.device}")

@@ -1,0 +1,98 @@
+"""Shared (non-kernel) parts of the two paged-attention ops: argument checks, split sizing,
+and the dense fp32 reference that both ``*_ref`` functions call with their own dequantizer.
+
+Conventions (plugins/LAYOUTS.md): q bf16 [total_q, Hq, 128]; cu_q_lens int32 [S+1];
+seq_lens int32 [S] counts the new tokens; query t of stream s sits at position
+seq_lens[s] - q_len_s + t; causal; window W > 0 keeps keys j with i - W < j <= i (W = 0: no window).
+Query head n reads KV head n // (Hq // Hkv).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from ._common import cdiv, check_tensor
+
+HEAD_DIM = 128
+BLOCK_M = 16  # query rows (token x group head) per program: fixed, for batch invariance
+
+
+def check_common(q, block_tables, seq_lens, cu_q_lens, num_kv_heads, block_size, max_seq_len,
+                 max_q_len, window, part, block_n):
+    """Validate the arguments both paged-attention ops share; raise ValueError naming one."""
+    check_tensor("q", q, torch.bfloat16, (None, None, HEAD_DIM))
+    dev = q.device
+    check_tensor("block_tables", block_tables, torch.int32, (None, None), dev)
+    ns = block_tables.shape[0]
+    check_tensor("seq_lens", seq_lens, torch.int32, (ns,), dev)
+    check_tensor("cu_q_lens", cu_q_lens, torch.int32, (ns + 1,), dev)
+    if q.shape[1] % num_kv_heads:
+        raise ValueError(f"q: {q.shape[1]} heads is not a multiple of {num_kv_heads} KV heads")
+    if block_size not in (16, 32, 64, 128):
+        raise ValueError(f"k cache: BLOCK {block_size} not in (16, 32, 64, 128)")
+    if max_q_len < 1:
+        raise ValueError(f"max_q_len: {max_q_len} must be >= 1")
+    if max_seq_len < max_q_len:
+        raise ValueError(f"max_seq_len: {max_seq_len} below max_q_len {max_q_len}")
+    if window < 0:
+        raise ValueError(f"window: {window} must be >= 0 (0 = no window)")
+    if part % block_n or part <= 0:
+        raise ValueError(f"part: {part} must be a positive multiple of {block_n}")
+    if block_tables.shape[1] * block_size < max_seq_len:
+        raise ValueError(f"block_tables: {block_tables.shape[1]} blocks of {block_size} cannot "
+                         f"hold max_seq_len {max_seq_len}")
+
+
+def num_splits(max_seq_len: int, max_q_len: int, window: int, part: int) -> int:
+    """Grid splits per stream: partitions of ``part`` positions that can hold a visible key."""
+    if window > 0:
+        span = min(window + max_q_len - 1, max_seq_len)
+        return min(cdiv(span, part) + 1, cdiv(max_seq_len, part))
+    return cdiv(max_seq_len, part)
+
+
+def partial_buffers(total_q: int, hq: int, splits: int, device):
+    """Empty fp32 partials: m, l [total_q*hq, splits] and acc [total_q*hq, splits, 128]."""
+    r = total_q * hq
+    return (torch.empty((r, splits), dtype=torch.float32, device=device),
+            torch.empty((r, splits), dtype=torch.float32, device=device),
+            torch.empty((r, splits, HEAD_DIM), dtype=torch.float32, device=device))
+
+
+def paged_attention_dense_ref(q, block_tables, seq_lens, cu_q_lens, block_size: int,
+                              gather_kv: Callable, sm_scale: float, window: int) -> torch.Tensor:
+    """fp32 reference: per stream, gather the visible keys' slots, dequantize them with
+    ``gather_kv(slots) -> (k [n, Hkv, 128], v [n, Hkv, 128]) fp32`` and run masked softmax attention.
+    Keys outside the union of the stream's windows are never read. Returns bf16 like ``q``."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    hq = q.shape[1]
+    bt, sl, cu = block_tables.cpu(), seq_lens.cpu(), cu_q_lens.cpu()
+    for s in range(bt.shape[0]):
+        q0, q1, L = int(cu[s]), int(cu[s + 1]), int(sl[s])
+        if q1 == q0:
+            continue
+        qlen = q1 - q0
+        lo = max(0, L - qlen - window + 1) if window > 0 else 0
+        kpos = torch.arange(lo, L)
+        slots = bt[s, kpos // block_size].long() * block_size + kpos % block_size
+        k, v = gather_kv(slots.to(q.device))
+        g = hq // k.shape[1]
+        k = k.repeat_interleave(g, 1)
+        v = v.repeat_interleave(g, 1)
+        qpos = torch.arange(L - qlen, L)
+        mask = kpos[None, :] <= qpos[:, None]
+        if window > 0:
+            mask &= kpos[None, :] > qpos[:, None] - window
+        sc = torch.einsum("thd,nhd->htn", q[q0:q1].float(), k) * sm_scale
+        sc = sc.masked_fill(~mask.to(q.device)[None], float("-inf"))
+        p = torch.softmax(sc, -1)
+        out[q0:q1] = torch.einsum("htn,nhd->thd", p, v)
+    return out.to(torch.bfloat16)
+
+
+def default_sm_scale() -> float:
+    """1/sqrt(head_dim): the softmax scale when the caller did not fold it into the query."""
+    return 1.0 / math.sqrt(HEAD_DIM)

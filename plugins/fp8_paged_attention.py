@@ -1,0 +1,179 @@
+"""Paged (sliding-window) attention over the FP8 e4m3 cache of the sliding layers.
+
+Decode (1 query token per stream) and verification (1 + k tokens, ragged) in one kernel. K and V
+are e4m3 with one fp32 scale per layer each (dequant = fp8 · scale, shared/spec/kv-cache.md); the
+fp8 values convert exactly to bf16/fp16 in registers and the scales multiply the scores and the
+output. Window W > 0: query at position i sees keys j with i - W < j <= i (Kolibri-1: W = 513);
+keys outside the window are never loaded (the runtime may reuse their blocks as a ring). W = 0
+gives full causal attention (the stock FP8 full layers; used as the INT4 kernel's baseline).
+Split-KV at fixed absolute partitions of PART positions + attn_combine (batch invariant).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, launch, tl
+from ._paged import (BLOCK_M, HEAD_DIM, check_common, default_sm_scale, num_splits,
+                     paged_attention_dense_ref, partial_buffers)
+from .attn_combine import attn_combine
+
+PART = 256  # positions per split (fixed: the reduction order must not depend on the batch)
+BLOCK_N = 64  # keys per inner step (H200 sweep, plugins/NOTES.md)
+TUNE = dict(num_warps=4, num_stages=2)  # launch config (bench/plugins.py sweeps it)
+LOG2E = 1.4426950408889634
+
+
+@jit
+def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_ptr,
+                     m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
+                     BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    j = tl.program_id(1)
+    rt = pid % RT
+    h = (pid // RT) % HKV
+    s = pid // (RT * HKV)
+    q_start = tl.load(cuq_ptr + s)
+    q_len = tl.load(cuq_ptr + s + 1) - q_start
+    if rt * BLOCK_M < q_len * G:
+        seq_len = tl.load(seq_ptr + s)
+        r = rt * BLOCK_M + tl.arange(0, BLOCK_M)
+        tq = r // G
+        rvalid = tq < q_len
+        pos = seq_len - q_len + tq
+        hq = h * G + r % G
+        row = ((q_start + tq) * HQ + hq).to(tl.int64)
+        d = tl.arange(0, D)
+        lo_u = tl.where(window > 0, tl.maximum(seq_len - q_len - window + 1, 0), 0)
+        p = lo_u // PART + j
+        k_lo = tl.maximum(p * PART, lo_u)
+        k_hi = tl.minimum((p + 1) * PART, seq_len)
+        q = tl.load(q_ptr + row[:, None] * D + d[None, :], mask=rvalid[:, None], other=0.0)
+        q = q.to(tl.float16)  # e4m3 converts to fp16 in one instruction; bf16 -> fp16 is exact
+        if DOT_F32:
+            q = q.to(tl.float32)
+        qk_scale = qk_scale * tl.load(ks_ptr)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for n0 in range((k_lo // BLOCK_N) * BLOCK_N, k_hi, BLOCK_N):
+            kpos = n0 + tl.arange(0, BLOCK_N)
+            kval = (kpos >= k_lo) & (kpos < k_hi)
+            if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
+                phys = tl.load(bt_ptr + s * bt_stride + n0 // BLOCK).to(tl.int64)
+                kh = (phys * BLOCK + n0 % BLOCK + tl.arange(0, BLOCK_N)) * HKV + h
+            else:
+                phys = tl.load(bt_ptr + s * bt_stride + kpos // BLOCK, mask=kval, other=0)
+                kh = (phys.to(tl.int64) * BLOCK + kpos % BLOCK) * HKV + h
+            kt = tl.load(k_ptr + kh[:, None] * D + d[None, :], mask=kval[:, None], other=0.0)
+            kt = kt.to(tl.float16).to(tl.float32) if DOT_F32 else kt.to(tl.float16)
+            sc = tl.dot(q, tl.trans(kt)) * qk_scale
+            vis = rvalid[:, None] & kval[None, :] & (kpos[None, :] <= pos[:, None])
+            vis = vis & ((window <= 0) | (kpos[None, :] > pos[:, None] - window))
+            sc = tl.where(vis, sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            pr = tl.exp2(sc - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            vt = tl.load(v_ptr + kh[:, None] * D + d[None, :], mask=kval[:, None], other=0.0)
+            if DOT_F32:
+                pv_dot = tl.dot(pr.to(tl.float16).to(tl.float32), vt.to(tl.float32))
+            else:
+                pv_dot = tl.dot(pr.to(tl.float16), vt.to(tl.float16))
+            acc = acc * alpha[:, None] + pv_dot
+            m_i = m_new
+        acc = acc * tl.load(vs_ptr)
+        tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
+        tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
+        tl.store(acc_ptr + (row * S + j)[:, None] * D + d[None, :], acc, mask=rvalid[:, None])
+
+
+def fp8_paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
+                            cu_q_lens, sm_scale, window):
+    """fp32 torch reference of :func:`fp8_paged_attention` (dequantize, then dense attention)."""
+    blk, hkv = k_cache.shape[1], k_cache.shape[2]
+
+    def gather(slots):
+        k = k_cache.view(-1, hkv, HEAD_DIM)[slots].float() * k_scale.float().reshape(())
+        v = v_cache.view(-1, hkv, HEAD_DIM)[slots].float() * v_scale.float().reshape(())
+        return k, v
+
+    return paged_attention_dense_ref(q, block_tables, seq_lens, cu_q_lens, blk, gather, sm_scale,
+                                     window)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fp8_paged_attention", mutates_args=())
+def _fp8_attn_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k_scale: torch.Tensor, v_scale: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, cu_q_lens: torch.Tensor, sm_scale: float,
+                 max_seq_len: int, max_q_len: int, window: int, part: int) -> torch.Tensor:
+    if kernel_path(q, "fp8_paged_attention") == "ref":
+        return fp8_paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_tables,
+                                       seq_lens, cu_q_lens, sm_scale, window)
+    return _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens,
+                   sm_scale, max_seq_len, max_q_len, window, part, False)
+
+
+@_fp8_attn_op.register_fake
+def _(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
+      max_seq_len, max_q_len, window, part):
+    return torch.empty_like(q)
+
+
+def _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
+            max_seq_len, max_q_len, window, part, interpret):
+    total_q, hq, _ = q.shape
+    blk, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    ns = block_tables.shape[0]
+    splits = num_splits(max_seq_len, max_q_len, window, part)
+    rt = -(-max_q_len * g // BLOCK_M)
+    m, l, acc = partial_buffers(total_q, hq, splits, q.device)
+    if total_q == 0 or ns == 0:
+        return torch.empty_like(q)
+    launch(_fp8_attn_kernel, (ns * hkv * rt, splits), q, k_cache, v_cache, k_scale, v_scale,
+           block_tables, seq_lens, cu_q_lens, m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g,
+           splits, rt, block_tables.stride(0), int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M,
+           BLOCK_N=BLOCK_N, D=HEAD_DIM, DOT_F32=interpret, interpret=interpret, **TUNE)
+    return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)
+
+
+def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens,
+                        max_seq_len: int, max_q_len: int, window: int,
+                        sm_scale: float | None = None, part: int | None = None,
+                        interpret: bool = False):
+    """Causal (sliding-window) paged attention, decode or verification, over the FP8 cache.
+
+    Args:
+        q: bf16 [total_q, Hq, 128] (RoPE already applied), contiguous.
+        k_cache, v_cache: float8_e4m3fn [num_blocks, BLOCK, Hkv, 128]; BLOCK in (16, 32, 64, 128).
+        k_scale, v_scale: fp32 one-element tensors (0-dim or [1]): dequant = fp8 * scale.
+        block_tables: int32 [num_seqs, max_blocks_per_seq]; seq_lens: int32 [num_seqs] (new tokens
+            included); cu_q_lens: int32 [num_seqs + 1].
+        max_seq_len, max_q_len: host ints bounding seq_lens and the per-stream query counts.
+        window: 513 for Kolibri-1's sliding layers; 0 = full causal.
+        sm_scale: softmax scale (None = 1/sqrt(128)).
+        part: positions per split (a multiple of 64; None = module PART); keep it fixed (it sets
+            the reduction order).
+        interpret: run the Triton kernels in the interpreter on CPU tensors (tests only).
+    Returns: bf16 [total_q, Hq, 128].
+    Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
+        RuntimeError for CUDA tensors without Triton.
+    Source: shared/spec/kv-cache.md (FP8 sliding layers), kolibri-1.md (window 513, GQA).
+    """
+    check_tensor("k_cache", k_cache, torch.float8_e4m3fn, (None, None, None, HEAD_DIM), q.device)
+    nb, blk, hkv = k_cache.shape[:3]
+    part = PART if part is None else part
+    check_common(q, block_tables, seq_lens, cu_q_lens, hkv, blk, max_seq_len, max_q_len, window,
+                 part, BLOCK_N)
+    check_tensor("v_cache", v_cache, torch.float8_e4m3fn, tuple(k_cache.shape), q.device)
+    check_scalar_tensor("k_scale", k_scale, q.device)
+    check_scalar_tensor("v_scale", v_scale, q.device)
+    sm_scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+    args = (q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
+            int(max_seq_len), int(max_q_len), int(window), int(part))
+    if interpret:
+        return _launch(*args, True)
+    return torch.ops.kolibri_plugins.fp8_paged_attention(*args)

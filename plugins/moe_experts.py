@@ -1,0 +1,168 @@
+"""Grouped FP8 expert GEMM for small batches: reads only the selected experts, each once.
+
+One launch covers the routed experts and the shared one. Program (u, n-tile): unit u < M·k is the
+(token, slot) pair u of ``ids`` [M, k]; it runs only if its expert id appears for the first time
+at u (row-major), and then serves every token that picked that expert, in one pass over the
+expert's weight tile. Unit M·k is the shared expert (all tokens, slot k).
+- GATED (gate_up): w [E, 2N, K] (rows 0..N-1 gate_proj, N..2N-1 up_proj), input x [M, K];
+  writes act[m, slot, :N] = bf16(silu(s_e·x·gateᵀ) · (s_e·x·upᵀ)).
+- not GATED (down): w [E, N, K], input act[m, slot, :K]; writes out[m, slot, :N] = fp32 s_e·act·wᵀ.
+Weights e4m3 with one fp32 scale per expert (shared/spec/kolibri-1.md, plugins/LAYOUTS.md).
+Batch invariance: 16-row dot tiles, fixed K order; a token's rows never mix with other tokens'.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import cdiv, jit, launch, next_pow2, tl
+
+ROWS = 16
+MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
+BLOCK_K = 256
+BLOCK_N_GATED, BLOCK_N_DOWN = 32, 64  # H200 sweep (plugins/NOTES.md)
+TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+
+
+@jit
+def _tile_rows(ids_ptr, e, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
+               K_P: tl.constexpr, ROWS: tl.constexpr):
+    """Token index, slot and validity of the ROWS rows of tile t of expert e."""
+    mm = tl.arange(0, M_P)
+    kk = tl.arange(0, K_P)
+    ids = tl.load(ids_ptr + mm[:, None] * TOPK + kk[None, :],
+                  mask=(mm < M)[:, None] & (kk < TOPK)[None, :], other=-1)
+    match = ids == e
+    has = tl.sum(match.to(tl.int32), 1) > 0
+    slot = tl.sum(tl.where(match, kk[None, :], 0), 1)
+    pos = tl.cumsum(has.to(tl.int32), 0) - 1
+    jj = t * ROWS + tl.arange(0, ROWS)
+    sel = has[None, :] & (pos[None, :] == jj[:, None])
+    tok = tl.sum(tl.where(sel, mm[None, :], 0), 1)
+    tslot = tl.sum(tl.where(sel, slot[None, :], 0), 1)
+    valid = tl.sum(sel.to(tl.int32), 1) > 0
+    tok = tl.where(is_shared, jj, tok)
+    tslot = tl.where(is_shared, TOPK, tslot)
+    valid = tl.where(is_shared, jj < M, valid)
+    count = tl.where(is_shared, M, tl.sum(has.to(tl.int32), 0))
+    return tok, tslot, valid, count
+
+
+@jit
+def _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK: tl.constexpr, M_P: tl.constexpr,
+              K_P: tl.constexpr, ROWS: tl.constexpr):
+    """Input-row offsets, validity and the expert's token count for tile t (hoisted out of K)."""
+    tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
+    return tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s, valid, count
+
+
+@jit
+def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
+                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s,
+                       TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
+                       M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
+                       DOT_F32: tl.constexpr):
+    u = tl.program_id(0)
+    is_shared = u == M * TOPK
+    uu = tl.arange(0, U_P)
+    prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
+    e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
+    first = tl.sum((prev == e).to(tl.int32), 0) == 0
+    n_out = tl.where(is_shared, N_SH, N)
+    k_in = tl.where(is_shared, K_SH, K)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if (first | is_shared) & (tl.program_id(1) * BLOCK_N < n_out):
+        rows_w = 2 * n_out if GATED else n_out
+        if is_shared:
+            wb = shw_ptr
+            scale = tl.load(shs_ptr)
+        else:
+            wb = w_ptr + e.to(tl.int64) * rows_w * k_in
+            scale = tl.load(ws_ptr + e)
+        nmask = n < n_out
+        g0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        g1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        g2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        g3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        r0, v0, count = _tile_src(ids_ptr, e, M, 0, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
+        r1, v1, _c = _tile_src(ids_ptr, e, M, 1, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
+        r2, v2, _c = _tile_src(ids_ptr, e, M, 2, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
+        r3, v3, _c = _tile_src(ids_ptr, e, M, 3, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
+        for k0 in range(0, k_in, BLOCK_K):
+            kx = k0 + tl.arange(0, BLOCK_K)
+            wm = nmask[:, None] & (kx < k_in)[None, :]
+            wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
+            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else wg.to(tl.bfloat16))
+            if GATED:
+                wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm,
+                             other=0.0)
+                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else wu.to(tl.bfloat16))
+            for t in tl.static_range(MT):
+                if count > t * ROWS:
+                    arow = r0 if t == 0 else (r1 if t == 1 else (r2 if t == 2 else r3))
+                    valid = v0 if t == 0 else (v1 if t == 1 else (v2 if t == 2 else v3))
+                    xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
+                                 mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
+                    if DOT_F32:
+                        xt = xt.to(tl.float32)
+                    if t == 0:
+                        g0 = tl.dot(xt, wg, g0)
+                        if GATED:
+                            u0 = tl.dot(xt, wu, u0)
+                    elif t == 1:
+                        g1 = tl.dot(xt, wg, g1)
+                        if GATED:
+                            u1 = tl.dot(xt, wu, u1)
+                    elif t == 2:
+                        g2 = tl.dot(xt, wg, g2)
+                        if GATED:
+                            u2 = tl.dot(xt, wu, u2)
+                    else:
+                        g3 = tl.dot(xt, wg, g3)
+                        if GATED:
+                            u3 = tl.dot(xt, wu, u3)
+        for t in tl.static_range(MT):
+            if count > t * ROWS:
+                tok, tslot, valid, _c = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
+                                                   ROWS)
+                g = g0 if t == 0 else (g1 if t == 1 else (g2 if t == 2 else g3))
+                orow = (tok.to(tl.int64) * (TOPK + 1) + tslot) * so_s
+                omask = valid[:, None] & nmask[None, :]
+                if GATED:
+                    up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
+                    gs = g * scale
+                    h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
+                    tl.store(o_ptr + orow[:, None] + n[None, :], h.to(tl.bfloat16), mask=omask)
+                else:
+                    tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
+
+
+def block_n_for(n: int, gated: bool) -> int:
+    """Output columns per program (a function of the layer shape only)."""
+    return BLOCK_N_GATED if gated else BLOCK_N_DOWN
+
+
+def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
+                       interpret: bool = False) -> None:
+    """Launch the grouped expert kernel for one chunk of <= 64 tokens (see module docstring).
+
+    a: bf16 input rows (x [M, K] with sa_s = 0, or act [M, k+1, K] with sa_s = its slot stride);
+    ids: int32 [M, k]; w: e4m3 [E, 2n|n, K]; ws: fp32 [E]; shw: e4m3 [1, 2n_sh|n_sh, K] or None;
+    shs: fp32 [1]; out: bf16 act [M, k+1, >= n] (gated) or fp32 [M, k+1, >= n] (down).
+    """
+    M, topk = ids.shape
+    if M > MAX_TOKENS:
+        raise ValueError(f"ids: {M} tokens in one launch, at most {MAX_TOKENS}")
+    units = M * topk + (1 if shw is not None else 0)
+    bn = block_n_for(n, gated)
+    grid = (units, cdiv(max(n, n_sh if shw is not None else 0), bn))
+    launch(_moe_expert_kernel, grid, a, ids, w, ws, shw if shw is not None else w,
+           shs if shs is not None else ws, out, M, n, k, n_sh, k_sh, a.stride(0), sa_s, out.stride(1),
+           TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS,
+           MT=cdiv(M, ROWS), M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
+           U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)

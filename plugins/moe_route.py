@@ -1,0 +1,153 @@
+"""MoE routing for small batches: router logits in fp32, softmax, top-k, renormalisation.
+
+Maths (shared/spec/kolibri-1.md): logits = x · W_gateᵀ computed in fp32 (bf16 products are exact
+in fp32; the tensor cores accumulate in fp32), p = softmax(logits), (w, e) = top-k(p) with ties
+broken towards the LOWER expert index, w = w / Σw when norm_topk_prob.
+Two kernels, one op: the logits GEMV spreads the router matrix over many programs (each reads
+16 experts' rows once for up to 64 tokens); the per-token top-k kernel then runs on E floats.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
+
+ROWS = 16
+MAX_TILES = 4
+BLOCK_E = 16
+BLOCK_H = 512
+TUNE = dict(num_warps=4, num_stages=3)
+
+
+@jit
+def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
+                          BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
+                          MT: tl.constexpr, DOT_F32: tl.constexpr):
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    m0 = tl.program_id(1) * ROWS * MT
+    rows = tl.arange(0, ROWS)
+    acc0 = tl.zeros([ROWS, BLOCK_E], tl.float32)
+    acc1 = tl.zeros([ROWS, BLOCK_E], tl.float32)
+    acc2 = tl.zeros([ROWS, BLOCK_E], tl.float32)
+    acc3 = tl.zeros([ROWS, BLOCK_E], tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        hh = h0 + tl.arange(0, BLOCK_H)
+        w = tl.load(wr_ptr + e[:, None].to(tl.int64) * H + hh[None, :],
+                    mask=(e < E)[:, None] & (hh < H)[None, :], other=0.0)
+        w_t = tl.trans(w.to(tl.float32) if DOT_F32 else w)
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            xt = tl.load(x_ptr + m[:, None].to(tl.int64) * sx_m + hh[None, :],
+                         mask=(m < M)[:, None] & (hh < H)[None, :], other=0.0)
+            if DOT_F32:
+                xt = xt.to(tl.float32)
+            if t == 0:
+                acc0 = tl.dot(xt, w_t, acc0)
+            elif t == 1:
+                acc1 = tl.dot(xt, w_t, acc1)
+            elif t == 2:
+                acc2 = tl.dot(xt, w_t, acc2)
+            else:
+                acc3 = tl.dot(xt, w_t, acc3)
+    for t in tl.static_range(MT):
+        m = m0 + t * ROWS + rows
+        out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+        tl.store(lg_ptr + m[:, None].to(tl.int64) * E + e[None, :], out,
+                 mask=(m < M)[:, None] & (e < E)[None, :])
+
+
+@jit
+def _topk_kernel(lg_ptr, ids_ptr, w_ptr, E, TOPK: tl.constexpr, E_P: tl.constexpr,
+                 K_P: tl.constexpr, RENORM: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, E_P)
+    lg = tl.load(lg_ptr + m * E + e, mask=e < E, other=float("-inf"))
+    ex = tl.exp(lg - tl.max(lg, 0))
+    p = ex / tl.sum(ex, 0)
+    p = tl.where(e < E, p, -1.0)
+    kk = tl.arange(0, K_P)
+    sel_i = tl.zeros([K_P], tl.int32)
+    sel_p = tl.zeros([K_P], tl.float32)
+    total = 0.0
+    for i in tl.static_range(TOPK):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, e, E_P), 0)
+        sel_i = tl.where(kk == i, idx, sel_i)
+        sel_p = tl.where(kk == i, best, sel_p)
+        total += best
+        p = tl.where(e == idx, -2.0, p)
+    if RENORM:
+        sel_p = sel_p / total
+    tl.store(ids_ptr + m * TOPK + kk, sel_i, mask=kk < TOPK)
+    tl.store(w_ptr + m * TOPK + kk, sel_p, mask=kk < TOPK)
+
+
+def moe_route_ref(x, router_weight, top_k: int, renormalize: bool = True):
+    """Torch reference: (ids int32 [M, k], weights fp32 [M, k]); stable ties (lower index)."""
+    p = torch.softmax(x.float() @ router_weight.float().T, -1)
+    order = torch.sort(-p, dim=-1, stable=True).indices[:, :top_k]
+    w = torch.gather(p, 1, order)
+    if renormalize:
+        total = torch.zeros_like(w[:, 0])
+        for i in range(top_k):  # same summation order as the kernel
+            total = total + w[:, i]
+        w = w / total[:, None]
+    return order.to(torch.int32), w
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_route", mutates_args=())
+def _moe_route_op(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
+                  renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if kernel_path(x, "moe_route") == "ref":
+        return moe_route_ref(x, router_weight, top_k, renormalize)
+    return _launch(x, router_weight, top_k, renormalize, False)
+
+
+@_moe_route_op.register_fake
+def _(x, router_weight, top_k, renormalize):
+    M = x.shape[0]
+    return (x.new_empty((M, top_k), dtype=torch.int32), x.new_empty((M, top_k), dtype=torch.float32))
+
+
+def _launch(x, router_weight, top_k, renormalize, interpret):
+    M, H = x.shape
+    E = router_weight.shape[0]
+    ids = torch.empty((M, top_k), dtype=torch.int32, device=x.device)
+    wts = torch.empty((M, top_k), dtype=torch.float32, device=x.device)
+    if M == 0:
+        return ids, wts
+    logits = torch.empty((M, E), dtype=torch.float32, device=x.device)
+    mt = min(MAX_TILES, cdiv(M, ROWS))
+    launch(_router_logits_kernel, (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt)), x, router_weight, logits,
+           M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, ROWS=ROWS, MT=mt,
+           DOT_F32=interpret, interpret=interpret, **TUNE)
+    launch(_topk_kernel, (M,), logits, ids, wts, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
+           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), num_warps=4,
+           interpret=interpret)
+    return ids, wts
+
+
+def moe_route(x, router_weight, top_k: int, renormalize: bool = True, interpret: bool = False):
+    """Route tokens to experts.
+
+    Args:
+        x: bf16 [M, H] (last dim stride 1); router_weight: bf16 [E, H] contiguous.
+        top_k: experts per token (Kolibri-1: 6 of 256), 1 <= top_k <= E.
+        renormalize: norm_topk_prob (Kolibri-1: True).
+        interpret: run the Triton kernels in the interpreter on CPU tensors (tests only).
+    Returns: (ids int32 [M, top_k] in descending probability, lower index first on ties;
+        weights fp32 [M, top_k]).
+    Raises: ValueError naming the argument on a wrong shape/dtype/device/stride or top_k;
+        RuntimeError for CUDA tensors without Triton.
+    Source: shared/spec/kolibri-1.md (forward pass, router, tie rule).
+    """
+    check_tensor("x", x, torch.bfloat16, (None, None), contiguous=False)
+    if x.stride(1) != 1:
+        raise ValueError(f"x: last dim must have stride 1, strides {x.stride()}")
+    check_tensor("router_weight", router_weight, torch.bfloat16, (None, x.shape[1]), x.device)
+    if not 1 <= top_k <= router_weight.shape[0]:
+        raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
+    if interpret:
+        return _launch(x, router_weight, int(top_k), bool(renormalize), True)
+    return torch.ops.kolibri_plugins.moe_route(x, router_weight, int(top_k), bool(renormalize))

@@ -1,0 +1,188 @@
+"""NVFP4 (ModelOpt) weight-only GEMM for small batches: y = x · wᵀ, w unpacked in registers.
+
+Weight format (shared/notes/modelopt.md): ``weight`` uint8 [N, K/2], element 2i in the low nibble;
+e2m1 code = sign bit 3, magnitude bits 0-2 -> {0, .5, 1, 1.5, 2, 3, 4, 6}; ``weight_scale`` e4m3
+[N, K/16] (one per 16 inputs); ``weight_scale_2`` fp32 scalar. w = e2m1 · weight_scale ·
+weight_scale_2. e2m1 · e4m3 has at most 6 significant bits, so the per-block product is exact in
+bf16: the tensor cores multiply it with the bf16 activations exactly and accumulate in fp32; the
+global scale multiplies the fp32 result. Used for the LM head [131072, 2560] and the drafter's
+head slice [60614, 2560] (shared/spec/block-drafter.md §Serving quantisation).
+
+Batch invariance: rows are processed in tiles of 16 (every tile the same dot shape), the K loop
+order is fixed, and the tile config depends on N and K only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
+                      launch, tl)
+
+ROWS = 16        # activation rows per dot
+MAX_TILES = 4    # up to 64 activation rows per program (weights read once for them)
+BLOCK_K = 256
+TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+
+
+# e2m1 nibble -> e4m3 byte with the same bits in the same places: magnitude bits (e1 e0 m0) go to
+# e4m3 bits 4..2 (low exponent bits + top mantissa bit), sign to bit 7. Both formats have the
+# same subnormal structure, so the e4m3 value is exactly e2m1 * 2^-6 (0.5 -> e4m3 subnormal).
+# Four bytes (eight nibbles) per 32-bit register in 9 instructions (inline PTX below; the
+# interpreter takes the equivalent uint8 expressions).
+@jit
+def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
+    """uint8 [.., n] packed e2m1 pairs -> (low nibbles, high nibbles) as e4m3 bytes = value·2^-6."""
+    if USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; shl.b32 t, $2, 2; and.b32 t, t, 0x1C1C1C1C; shl.b32 $0, $2, 4; "
+            "and.b32 $0, $0, 0x80808080; or.b32 $0, $0, t; shr.b32 t, $2, 2; "
+            "and.b32 t, t, 0x1C1C1C1C; and.b32 $1, $2, 0x80808080; or.b32 $1, $1, t; }",
+            "=r,=r,r", [wq], dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
+    else:
+        lo = ((wq << 2) & 0x1C) | ((wq << 4) & 0x80)
+        hi = ((wq >> 2) & 0x1C) | (wq & 0x80)
+    return lo.to(tl.float8e4nv, bitcast=True), hi.to(tl.float8e4nv, bitcast=True)
+
+
+@jit
+def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, M, N, K, sx_m,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+                       MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
+    # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
+    # feed two dots, so the packed bytes are never interleaved in registers.
+    pid_n = tl.program_id(0)
+    m0 = tl.program_id(1) * ROWS * MT
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    n64 = n.to(tl.int64)
+    rows = tl.arange(0, ROWS)
+    acc0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    HB: tl.constexpr = BLOCK_K // 2
+    for k0 in range(0, K, BLOCK_K):
+        kb = k0 // 2 + tl.arange(0, HB)
+        kmask = kb < K // 2
+        wq = tl.load(w_ptr + n64[:, None] * (K // 2) + kb[None, :],
+                     mask=nmask[:, None] & kmask[None, :], other=0)
+        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        bs = tl.load(ws_ptr + n64[:, None] * (K // 16) + ks[None, :],
+                     mask=nmask[:, None] & (ks < K // 16)[None, :], other=0.0)
+        sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
+        sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, HB))
+        lo, hi = _e2m1_pairs_to_e4m3(wq, USE_ASM)
+        w_lo = (lo.to(tl.float16) * sc).to(tl.bfloat16)  # e2m1·e4m3: <= 6 significant bits, exact
+        w_hi = (hi.to(tl.float16) * sc).to(tl.bfloat16)
+        if DOT_F32:
+            w_lo = w_lo.to(tl.float32)
+            w_hi = w_hi.to(tl.float32)
+        w_lo = tl.trans(w_lo)
+        w_hi = tl.trans(w_hi)
+        kx = k0 + tl.arange(0, BLOCK_K)
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            xt = tl.load(x_ptr + m[:, None].to(tl.int64) * sx_m + kx[None, :],
+                         mask=(m < M)[:, None] & (kx < K)[None, :], other=0.0)
+            xe, xo = tl.split(tl.reshape(xt, (ROWS, HB, 2)))
+            if DOT_F32:
+                xe = xe.to(tl.float32)
+                xo = xo.to(tl.float32)
+            if t == 0:
+                acc0 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc0))
+            elif t == 1:
+                acc1 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc1))
+            elif t == 2:
+                acc2 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc2))
+            else:
+                acc3 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc3))
+    gs = tl.load(gs_ptr)
+    for t in tl.static_range(MT):
+        m = m0 + t * ROWS + rows
+        out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+        tl.store(y_ptr + m[:, None].to(tl.int64) * N + n64[None, :], (out * gs).to(tl.bfloat16),
+                 mask=(m < M)[:, None] & nmask[None, :])
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def nvfp4_dequantize_ref(weight, weight_scale, weight_scale_2) -> torch.Tensor:
+    """uint8 [N, K/2] + e4m3 [N, K/16] + fp32 scalar -> fp32 [N, K] (ModelOpt NVFP4 dequant)."""
+    lut = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), device=weight.device)
+    codes = torch.stack([weight & 15, weight >> 4], -1).flatten(-2).long()
+    w = lut[codes]
+    bs = weight_scale.float().repeat_interleave(16, dim=1)
+    return w * bs * weight_scale_2.float().reshape(())
+
+
+def nvfp4_gemv_ref(x, weight, weight_scale, weight_scale_2) -> torch.Tensor:
+    """fp32 torch reference of :func:`nvfp4_gemv`; returns bf16 [M, N]."""
+    return (x.float() @ nvfp4_dequantize_ref(weight, weight_scale, weight_scale_2).T).to(torch.bfloat16)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::nvfp4_gemv", mutates_args=())
+def _nvfp4_gemv_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                   weight_scale_2: torch.Tensor) -> torch.Tensor:
+    if kernel_path(x, "nvfp4_gemv") == "ref":
+        return nvfp4_gemv_ref(x, weight, weight_scale, weight_scale_2)
+    return _launch(x, weight, weight_scale, weight_scale_2, False)
+
+
+@_nvfp4_gemv_op.register_fake
+def _(x, weight, weight_scale, weight_scale_2):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+BLOCK_N_MAX = 64
+
+
+def block_n_for(n: int) -> int:
+    """Rows of weight per program: a function of N only (batch invariance), >= ~2 programs/SM."""
+    bn = BLOCK_N_MAX
+    while bn > 16 and cdiv(n, bn) < 264:
+        bn //= 2
+    return bn
+
+
+def _launch(x, weight, weight_scale, weight_scale_2, interpret):
+    M, K = x.shape
+    N = weight.shape[0]
+    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    mt = min(MAX_TILES, cdiv(M, ROWS))
+    grid = (cdiv(N, block_n_for(N)), cdiv(M, ROWS * mt))
+    launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y, M, N, K,
+           x.stride(0), BLOCK_N=block_n_for(N), BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt,
+           USE_ASM=not interpret, DOT_F32=interpret, interpret=interpret, **TUNE)
+    return y
+
+
+def nvfp4_gemv(x, weight, weight_scale, weight_scale_2, interpret: bool = False) -> torch.Tensor:
+    """y = x · wᵀ with an NVFP4 weight, for small batches (decode, verification, drafter head).
+
+    Args:
+        x: bf16 [M, K] (last dim stride 1; row stride free). K % 16 == 0.
+        weight: uint8 [N, K/2], contiguous; weight_scale: float8_e4m3fn [N, K/16], contiguous;
+        weight_scale_2: fp32 one-element tensor (0-dim or [1]).
+        interpret: run the Triton kernel in the interpreter on CPU tensors (tests only).
+    Returns: bf16 [M, N], fp32 accumulation.
+    Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
+        RuntimeError for CUDA tensors without Triton.
+    Source: shared/notes/modelopt.md (NVFP4 export), block-drafter.md §Serving quantisation.
+    """
+    check_tensor("x", x, torch.bfloat16, (None, None), contiguous=False)
+    if x.stride(1) != 1:
+        raise ValueError(f"x: last dim must have stride 1, strides {x.stride()}")
+    M, K = x.shape
+    if K % 16:
+        raise ValueError(f"x: K = {K} must be a multiple of 16 (NVFP4 blocks)")
+    check_tensor("weight", weight, torch.uint8, (None, K // 2), x.device)
+    check_tensor("weight_scale", weight_scale, torch.float8_e4m3fn, (weight.shape[0], K // 16),
+                 x.device)
+    check_scalar_tensor("weight_scale_2", weight_scale_2, x.device)
+    if interpret:
+        return _launch(x, weight, weight_scale, weight_scale_2, True)
+    return torch.ops.kolibri_plugins.nvfp4_gemv(x, weight, weight_scale, weight_scale_2)

@@ -1,0 +1,79 @@
+"""MoE routing (fp32 router, top-k, lower-index ties, renorm) and the FP8 expert block."""
+
+import pytest
+import torch
+
+from kolibri_trt_plugins import testing as T
+from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
+from kolibri_trt_plugins.moe_route import moe_route, moe_route_ref
+
+INTERP_TOL = 2e-2  # bf16 intermediate activation can round differently, then a bf16 output
+E, H, I_, IS, K = 8, 64, 32, 48, 2
+
+
+def test_route_ties_go_to_lower_index():
+    x = torch.ones((2, 16), dtype=torch.bfloat16)
+    rw = torch.zeros((6, 16), dtype=torch.bfloat16)
+    rw[[1, 3, 4]] = 0.25  # three equal best experts
+    ids, w = moe_route_ref(x, rw, 2)
+    assert ids.tolist() == [[1, 3], [1, 3]]
+    assert torch.allclose(w.sum(1), torch.ones(2))
+
+
+def test_route_interpreter_ties_and_weights(interp):
+    g = T.gen(4)
+    x = T.randn((33, 64), g)
+    rw = T.randn((16, 64), g, scale=0.1)
+    rw[9] = rw[2]  # exact duplicate: identical logits, the lower index must win
+    ids_r, w_r = moe_route_ref(x, rw, 3)
+    ids_k, w_k = moe_route(x, rw, 3, interpret=True)
+    assert torch.equal(ids_k, ids_r)
+    assert torch.allclose(w_k, w_r, rtol=1e-5, atol=1e-6)
+
+
+def expert_dense(x, w13, s13, w2, s2):
+    """Independent dense expert: fp64 gate/up, bf16 activation (the kernel's format), fp64 down."""
+    inter = w13.shape[0] // 2
+    gu = x.double() @ (w13.double() * float(s13)).T
+    act = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).to(torch.bfloat16)
+    return act.double() @ (w2.double() * float(s2)).T
+
+
+def test_reference_against_dense():
+    g = T.gen(6)
+    rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((3, H), g)
+    ids, wts = moe_route_ref(x, rw, K)
+    y = torch.zeros((3, H), dtype=torch.float64)
+    for m in range(3):
+        for i in range(K):
+            e = int(ids[m, i])
+            y[m] += float(wts[m, i]) * expert_dense(x[m:m + 1], w13[e], s13[e], w2[e], s2[e])[0]
+        y[m] += expert_dense(x[m:m + 1], sw13[0], ss13[0], sw2[0], ss2[0])[0]
+    out = moe_forward(x, rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2, top_k=K)
+    assert T.rel_err(out, y) < 1e-2  # bf16 output
+
+
+@pytest.mark.parametrize("M", [1, 3, 33, 70])
+def test_interpreter_matches_reference(interp, M):
+    g = T.gen(10 + M)
+    wts = T.moe_weights(E, H, I_, IS if M != 3 else 0, g)
+    x = T.randn((M, H), g)
+    out = moe_forward(x, *wts, top_k=K, interpret=True)
+    assert T.rel_err(out, moe_forward_ref(x, *wts, top_k=K)) < INTERP_TOL
+
+
+def test_errors_name_the_argument():
+    g = T.gen(1)
+    rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((2, H), g)
+    with pytest.raises(ValueError, match="^w13:"):
+        moe_forward(x, rw, w13.float(), s13, w2, s2)
+    with pytest.raises(ValueError, match="^w2:"):
+        moe_forward(x, rw, w13, s13, w2[:, :, :5].contiguous(), s2)
+    with pytest.raises(ValueError, match="pass all or none"):
+        moe_forward(x, rw, w13, s13, w2, s2, sw13, ss13, None, None)
+    with pytest.raises(ValueError, match="^top_k:"):
+        moe_forward(x, rw, w13, s13, w2, s2, top_k=E + 1)
+    with pytest.raises(ValueError, match="^router_weight:"):
+        moe_route(x, rw[:, :5].contiguous(), 2)

@@ -1,0 +1,63 @@
+"""Custom-op registration: schema/fake-tensor checks (opcheck) and torch.compile tracing on CPU."""
+
+import pytest
+import torch
+
+from kolibri_trt_plugins import testing as T
+from kolibri_trt_plugins.qk_norm_fold_int4 import fold_matrices, hadamard_rotation
+
+OPS = torch.ops.kolibri_plugins
+
+
+def op_cases():
+    g = T.gen(0)
+    bt, sl, cu, nb = T.paged_layout([5, 33], [1, 3], 16, g)
+    q = T.randn((4, 4, 128), g)
+    c4 = T.int4_cache(nb, 16, 2, g)
+    kf, vf = T.fp8_cache(nb, 16, 2, g)
+    one = torch.ones(1)
+    mq, mk = fold_matrices(torch.ones(128), torch.ones(128), hadamard_rotation(0))
+    fold_caches = ([torch.zeros((4, 16, 2, 64), dtype=torch.uint8) for _ in range(2)]
+                   + [torch.zeros((4, 16, 2, 2), dtype=torch.float16) for _ in range(2)])
+    x = T.randn((3, 64), g)
+    moe = T.moe_weights(4, 64, 32, 32, g)
+    return {
+        "int4_paged_attention": (q, *c4, bt, sl, cu, 0.088, 33, 3, 0, 512),
+        "fp8_paged_attention": (q, kf, vf, one, one, bt, sl, cu, 0.088, 33, 3, 513, 256),
+        "qk_norm_fold_int4": (T.randn((3, 4, 128), g), T.randn((3, 2, 128), g),
+                              T.randn((3, 2, 128), g), mq, mk, torch.tensor([0, 5, -1]),
+                              *fold_caches, 1e-6),
+        "nvfp4_gemv": (x, *T.nvfp4_weight(5, 64, g)),
+        "fp8_gemv": (x, *T.fp8_weight(5, 64, "block", g)),
+        "moe_route": (x, moe[0], 2, True),
+        "moe_forward": (x, *moe, 2, True),
+        "attn_combine": (torch.randn(3, 2), torch.rand(3, 2), torch.randn(3, 2, 128)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(op_cases()))
+def test_opcheck(name):
+    args = op_cases()[name]
+    fp8_in = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
+    # opcheck's schema mode itself multiplies inputs, which CPU torch cannot do for float8
+    utils = ("test_faketensor",) if fp8_in else ("test_schema", "test_faketensor")
+    torch.library.opcheck(getattr(OPS, name).default, args, test_utils=utils)
+
+
+def test_torch_compile_fullgraph():
+    """Dynamo traces through the ops (fake tensors via register_fake) without graph breaks."""
+    g = T.gen(1)
+    x = T.randn((3, 64), g)
+    w = T.fp8_weight(5, 64, "channel", g)
+    nv = T.nvfp4_weight(7, 64, g)
+
+    def f(x):
+        return OPS.fp8_gemv(x, *w).float().sum() + OPS.nvfp4_gemv(x, *nv).float().sum()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled(x), f(x))
+
+
+def test_unsupported_device_is_an_error():
+    from kolibri_trt_plugins._common import kernel_path
+    with pytest.raises(ValueError, match="unsupported device"):
+        kernel_path(torch.empty(1, device="meta"), "x")

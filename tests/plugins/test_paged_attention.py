@@ -1,0 +1,159 @@
+"""Paged attention over the INT4 and FP8 caches, and the split-KV merge."""
+
+import math
+
+import pytest
+import torch
+
+from kolibri_trt_plugins import testing as T
+from kolibri_trt_plugins.attn_combine import attn_combine, attn_combine_ref
+from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention, fp8_paged_attention_ref
+from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention, int4_paged_attention_ref
+from kolibri_trt_plugins.qk_norm_fold_int4 import dequantize_int4_ref
+
+REF_TOL = 1e-2     # bf16 output (2^-9 per element) of fp32 maths done in another order
+INTERP_TOL = 2e-2  # + fp16 P·V operands and the interpreter's truncating bf16 store
+SEQS, QLENS = [1, 3, 33, 75], [1, 3, 2, 9]   # odd lengths, ragged verification (1 + k, k <= 8)
+
+
+def dense_ref(q, k, v, seq_lens, q_lens, window, sm_scale):
+    """Independent float64 attention over contiguous per-stream K/V lists (GQA by n // G)."""
+    out, t0 = [], 0
+    for s, (L, ql) in enumerate(zip(seq_lens, q_lens)):
+        g = q.shape[1] // k[s].shape[1]
+        for t in range(ql):
+            i = L - ql + t
+            lo = max(0, i - window + 1) if window else 0
+            for h in range(q.shape[1]):
+                kk, vv = k[s][lo:i + 1, h // g].double(), v[s][lo:i + 1, h // g].double()
+                p = torch.softmax(kk @ q[t0 + t, h].double() * sm_scale, 0)
+                out.append(p @ vv)
+        t0 += ql
+    return torch.stack(out).view(q.shape)
+
+
+def contiguous_kv(cache_k, cache_v, bt, seqs, blk, deq):
+    ks, vs = [], []
+    for s, L in enumerate(seqs):
+        pos = torch.arange(L)
+        slots = bt[s, pos // blk].long() * blk + pos % blk
+        ks.append(deq(cache_k, slots))
+        vs.append(deq(cache_v, slots))
+    return ks, vs
+
+
+def int4_case(blk, seed, hq=4, hkv=2):
+    g = T.gen(seed)
+    bt, sl, cu, nb = T.paged_layout(SEQS, QLENS, blk, g)
+    cache = T.int4_cache(nb, blk, hkv, g)
+    q = T.randn((sum(QLENS), hq, 128), g)
+    return q, cache, bt, sl, cu
+
+
+@pytest.mark.parametrize("blk", [16, 64])
+@pytest.mark.parametrize("window", [0, 20])
+def test_int4_reference_against_dense(blk, window):
+    q, (kc, vc, km, vm), bt, sl, cu = int4_case(blk, blk + window)
+    hkv = kc.shape[2]
+
+    def d4(codes, slots, meta):
+        return dequantize_int4_ref(codes.view(-1, hkv, 64)[slots], meta.view(-1, hkv, 2)[slots])
+    ks = [d4(kc, bt[s, torch.arange(L) // blk].long() * blk + torch.arange(L) % blk, km)
+          for s, L in enumerate(SEQS)]
+    vs = [d4(vc, bt[s, torch.arange(L) // blk].long() * blk + torch.arange(L) % blk, vm)
+          for s, L in enumerate(SEQS)]
+    ref = dense_ref(q, ks, vs, SEQS, QLENS, window, 1 / math.sqrt(128))
+    out = int4_paged_attention(q, kc, vc, km, vm, bt, sl, cu, max(SEQS), max(QLENS), window=window)
+    assert T.rel_err(out, ref) < REF_TOL
+
+
+@pytest.mark.parametrize("window", [0, 513, 20])
+def test_fp8_reference_against_dense(window):
+    g = T.gen(7 + window)
+    blk, hkv = 16, 2
+    bt, sl, cu, nb = T.paged_layout(SEQS, QLENS, blk, g)
+    kf, vf = T.fp8_cache(nb, blk, hkv, g)
+    ks_, vs_ = torch.tensor([0.5]), torch.tensor(2.0)
+    q = T.randn((sum(QLENS), 4, 128), g)
+
+    def deq(cache, slots):
+        return cache.view(-1, hkv, 128)[slots].float()
+    ks, vs = contiguous_kv(kf, vf, bt, SEQS, blk, deq)
+    ks = [k * 0.5 for k in ks]
+    vs = [v * 2.0 for v in vs]
+    ref = dense_ref(q, ks, vs, SEQS, QLENS, window, 1 / math.sqrt(128))
+    out = fp8_paged_attention(q, kf, vf, ks_, vs_, bt, sl, cu, max(SEQS), max(QLENS), window=window)
+    assert T.rel_err(out, ref) < REF_TOL
+
+
+def test_window_never_reads_outside():
+    """Blocks wholly outside every query's window hold NaN (a reused ring block): no NaN leaks."""
+    g = T.gen(3)
+    blk, hkv, W = 16, 2, 20
+    seqs, qls = [75, 70], [2, 1]
+    bt, sl, cu, nb = T.paged_layout(seqs, qls, blk, g)
+    kf, vf = T.fp8_cache(nb, blk, hkv, g)
+    for s, (L, ql) in enumerate(zip(seqs, qls)):
+        lo = L - ql - W + 1
+        for b in range(lo // blk):  # logical blocks entirely before the first visible key
+            kf.view(torch.uint8)[bt[s, b]] = 0x7F  # e4m3 NaN
+            vf.view(torch.uint8)[bt[s, b]] = 0x7F
+    q = T.randn((sum(qls), 4, 128), g)
+    one = torch.ones(1)
+    out = fp8_paged_attention(q, kf, vf, one, one, bt, sl, cu, 75, 2, window=W)
+    assert torch.isfinite(out.float()).all()
+
+
+def test_int4_interpreter_matches_reference(interp):
+    for blk in (16, 64):
+        q, cache, bt, sl, cu = int4_case(blk, 40 + blk)
+        for window in (0, 20):
+            ref = int4_paged_attention_ref(q, *cache, bt, sl, cu, 1 / math.sqrt(128), window)
+            out = int4_paged_attention(q, *cache, bt, sl, cu, max(SEQS), max(QLENS), window=window,
+                                       part=128, interpret=True)
+            assert T.rel_err(out, ref) < INTERP_TOL, (blk, window)
+
+
+def test_fp8_interpreter_matches_reference(interp):
+    g = T.gen(5)
+    for blk in (16, 64):
+        bt, sl, cu, nb = T.paged_layout(SEQS, QLENS, blk, g)
+        kf, vf = T.fp8_cache(nb, blk, 2, g)
+        q = T.randn((sum(QLENS), 4, 128), g)
+        s1, s2 = torch.tensor([0.7]), torch.tensor([1.3])
+        for window in (0, 20):
+            ref = fp8_paged_attention_ref(q, kf, vf, s1, s2, bt, sl, cu, 1 / math.sqrt(128), window)
+            out = fp8_paged_attention(q, kf, vf, s1, s2, bt, sl, cu, max(SEQS), max(QLENS),
+                                      window=window, part=64, interpret=True)
+            assert T.rel_err(out, ref) < INTERP_TOL, (blk, window)
+
+
+def test_combine_interpreter_and_empty_splits(interp):
+    g = T.gen(9)
+    m = torch.randn((5, 7), generator=g)
+    m[:, 3] = float("-inf")   # an empty split: its l/acc are garbage and must not be read
+    m[4, :] = float("-inf")   # a row with no key at all -> zeros
+    l = torch.rand((5, 7), generator=g) + 0.5
+    acc = torch.randn((5, 7, 128), generator=g)
+    acc[:, 3] = float("nan")
+    ref = attn_combine_ref(m, l, acc)
+    out = attn_combine(m, l, acc, interpret=True)
+    assert torch.isfinite(out.float()).all() and torch.all(out[4] == 0)
+    assert T.rel_err(out[:4], ref[:4]) < INTERP_TOL
+
+
+def test_errors_name_the_argument():
+    q, (kc, vc, km, vm), bt, sl, cu = int4_case(16, 1)
+    with pytest.raises(ValueError, match="^block_tables:"):
+        int4_paged_attention(q, kc, vc, km, vm, bt.long(), sl, cu, 75, 9)
+    with pytest.raises(ValueError, match="^v_meta:"):
+        int4_paged_attention(q, kc, vc, km, vm.float(), bt, sl, cu, 75, 9)
+    with pytest.raises(ValueError, match="^block_tables:"):  # cannot hold max_seq_len
+        int4_paged_attention(q, kc, vc, km, vm, bt, sl, cu, 10_000, 9)
+    with pytest.raises(ValueError, match="^q:"):
+        int4_paged_attention(q.float(), kc, vc, km, vm, bt, sl, cu, 75, 9)
+    kf = torch.zeros((kc.shape[0], 16, 2, 128), dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="^k_scale:"):
+        fp8_paged_attention(q, kf, kf, torch.ones(2), torch.ones(1), bt, sl, cu, 75, 9, window=513)
+    with pytest.raises(ValueError, match="^window:"):
+        fp8_paged_attention(q, kf, kf, torch.ones(1), torch.ones(1), bt, sl, cu, 75, 9, window=-1)
