@@ -17,8 +17,9 @@ TensorRT-LLM, vLLM and SGLang can read the weights. For a linear `X` (a `...proj
 - "bf16":        `X.weight` bf16 [N, K]
 - "fp8":         `X.weight` float8_e4m3fn [N, K], `X.weight_scale` fp32 [] (amax/448),
                  `X.input_scale` fp32 [] (static activation scale from calibration)
-- "block_fp8":   `X.weight` float8_e4m3fn [N, K], `X.weight_scale` fp32 [N, K/64]
-                 (one scale per output row and per 64 inputs; ModelOpt cannot export this)
+- "block_fp8":   `X.weight` float8_e4m3fn [N, K], `X.weight_scale` fp32 [N, ceil(K/64)]
+                 (one scale per output row and per 64 inputs, a last partial block of K % 64
+                 inputs has its own; ModelOpt cannot export this)
 - "nvfp4":       `X.weight` uint8 [N, K/2] (element 2i in the low nibble), `X.weight_scale`
                  float8_e4m3fn [N, K/16], `X.weight_scale_2` fp32 [], `X.input_scale` fp32 [];
                  w = e2m1(code) * weight_scale * weight_scale_2
@@ -27,8 +28,8 @@ The drafter's head slice (the draft-vocabulary rows of the target's lm_head) is 
 drafter folder as `lm_head.*` in the head format.
 
 KV cache tensors (`shared/spec/kv-cache.md`):
-- sliding layers with FP8 KV: `model.layers.L.self_attn.k_scale`, `.v_scale` fp32 [] (1.0
-  unless calibrated);
+- layers with FP8 KV (sliding layers; full layers too with "fp8"):
+  `model.layers.L.self_attn.k_scale`, `.v_scale` fp32 [] (1.0 unless calibrated);
 - full layers with "hadamard-int4": `model.layers.L.self_attn.q_rotation` fp32 [D, D] = M_q =
   R·diag(g_q ⊙ g_k) and `model.layers.L.self_attn.k_rotation` fp32 [D, D] = M_k = R, with
   R = H·diag(s)/sqrt(D), s the random signs drawn from manifest["kv_cache"]["seed"] (softmax
@@ -45,10 +46,12 @@ manifest.json (schema_version 1):
       groups: "attention", "experts", "shared_expert", "router", "embedding", "norms",
               "lm_head"; drafter: "body", "head"
   "kv_cache": {"sliding": "fp8" | "bf16", "full": "hadamard-int4" | "int4" | "fp8" | "bf16",
-               "seed": int, "head_dim": int},
+               "seed": int, "head_dim": int, ...descriptive keys ("plan", "rotation")},
+  "calibration": {"set", "file", "sequences", "tokens", ...how} | null (null: nothing calibrated),
   "sources": {relative source path: sha256 hex},   every file the build read
   "files": {relative engine path: sha256 hex},      every file the build wrote
-  "written_by_modelopt": [tensor-name globs], "written_by_kolibri_trt": [globs + why]
+  "written_by_modelopt": [tensor-name globs],
+  "written_by_kolibri_trt": [{"tensors": glob, "why": str}]
 }
 """
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -12,7 +11,6 @@ from kolibri_trt.fixtures import random_drafter, random_target, tiny_drafter_con
 from kolibri_trt.tokenizer import write_tekken_tokenizer
 
 VOCAB = 2000
-GROUPS = ("attention", "experts", "shared_expert", "router", "embedding", "norms", "lm_head")
 
 
 def small_target(window: int = 24):
@@ -33,20 +31,28 @@ def small_drafter(target):
     return random_drafter(cfg, target, seed=22)
 
 
-def write_bf16_engine(folder: Path, model, drafter=None) -> Path:
-    """An unquantized engine (bf16 weights, bf16 KV cache) in the engine format."""
-    model.save_pretrained(folder / "target")
-    write_tekken_tokenizer(folder / "target", vocab_size=model.config.vocab_size)
-    weights = {"target": {g: "bf16" for g in GROUPS}}
-    if drafter is not None:
-        drafter.save_pretrained(folder / "drafter")
-        weights["drafter"] = {"body": "bf16", "head": "bf16"}
-    manifest = {"schema_version": 1, "weights": weights,
-                "kv_cache": {"sliding": "bf16", "full": "bf16"}}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return folder
+def write_engine(folder: Path, model, drafter=None, weights: str = "bf16",
+                 kv_cache: str = "bf16") -> Path:
+    """Save the checkpoints with the tokenizer and build an engine from them with build.py's
+    code (a short calibration set; bf16 + bf16: the unquantized engine of exact parity)."""
+    from kolibri_trt.builder import BuildOptions, build_engine
+    from test_build_support import recipes_copy
+
+    model.save_pretrained(folder / "ckpt" / "target")
+    write_tekken_tokenizer(folder / "ckpt" / "target", vocab_size=model.config.vocab_size)
+    drafter = drafter if drafter is not None else small_drafter(model)
+    drafter.save_pretrained(folder / "ckpt" / "drafter")
+    recipes = folder / "recipes" if (folder / "recipes").is_dir() else recipes_copy(folder / "recipes")
+    out, _ = build_engine(BuildOptions(target="cpu", model=folder / "ckpt" / "target",
+                                       drafter=folder / "ckpt" / "drafter",
+                                       out=folder / f"engine-{weights}-{kv_cache}",
+                                       weights=weights, kv_cache=kv_cache, progress=False,
+                                       recipes_dir=recipes))
+    return out
 
 
-def reference_of(folder: Path):
+def reference_of(engine: Path):
+    """The reference model of an unquantized engine (its target folder is a checkpoint plus
+    ModelOpt's quantization_config, which the reference ignores)."""
     from kolibri_trt import KolibriForCausalLM
-    return KolibriForCausalLM.from_pretrained(folder / "target", dtype=torch.bfloat16)
+    return KolibriForCausalLM.from_pretrained(engine / "target", dtype=torch.bfloat16)

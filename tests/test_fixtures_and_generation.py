@@ -15,7 +15,7 @@ from kolibri_trt.prompts import load_prompts
 from kolibri_trt.reference_generate import reference_generate
 from kolibri_trt.sampling import SamplingParams
 
-from conftest import SHARED, micro_target_config
+from model_configs import SHARED, micro_target_config
 
 
 def _digest(folder):

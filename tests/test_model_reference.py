@@ -9,7 +9,7 @@ from kolibri_trt.config import FULL, SLIDING
 from kolibri_trt.fixtures import random_target
 from kolibri_trt.model import ops
 
-from conftest import micro_target_config
+from model_configs import micro_target_config
 from naive_kolibri import naive_target_logits
 
 # fp32 model vs float64 loops: accumulated fp32 rounding over 5 layers stays far below this

@@ -7,7 +7,7 @@ import pytest
 from kolibri_trt import LLM, SamplingParams
 from kolibri_trt.reference_generate import reference_generate
 
-from runtime_engines import reference_of, small_target, write_bf16_engine
+from runtime_engines import reference_of, small_target, write_engine
 
 PROMPTS = [
     "Grüß Gott! Wie geht es dir heute?",
@@ -23,7 +23,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory):
-    return write_bf16_engine(tmp_path_factory.mktemp("engine"), small_target())
+    return write_engine(tmp_path_factory.mktemp("engine"), small_target())
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from kolibri_trt import LLM, SamplingParams
 from kolibri_trt.spec.copy_proposer import CopyIndex
 from kolibri_trt.spec.verify import rejection_sample, verify
 
-from runtime_engines import small_drafter, small_target, write_bf16_engine
+from runtime_engines import small_drafter, small_target, write_engine
 from test_runtime import PROMPTS
 
 MODES = ["copy", "drafter", "copy+drafter"]
@@ -23,7 +23,7 @@ MODES = ["copy", "drafter", "copy+drafter"]
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory):
     target = small_target(window=24)
-    return write_bf16_engine(tmp_path_factory.mktemp("spec"), target, small_drafter(target))
+    return write_engine(tmp_path_factory.mktemp("spec"), target, small_drafter(target))
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,8 @@ class KolibriBlockDrafter(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.target = target
         self.register_buffer("draft_vocab", draft_vocab.long(), persistent=False)
+        # [Vd, H] head rows stored with an engine (dequantized); None: target.lm_head[draft_vocab]
+        self.head_slice: torch.Tensor | None = None
 
     # ---- the pass ------------------------------------------------------------------------
     def fuse_taps(self, taps: torch.Tensor) -> torch.Tensor:
@@ -109,11 +111,12 @@ class KolibriBlockDrafter(nn.Module):
 
     def _heads(self, x: torch.Tensor) -> BlockProposal:
         """Sequential output heads: g_0 = x_0; g_j = predecessor(x_j, E[d_j]) for j >= 1."""
-        head = self.target.lm_head[self.draft_vocab]
+        head = self.head_slice if self.head_slice is not None \
+            else self.target.lm_head[self.draft_vocab]
         states, logits, drafts = [], [], []
         for j in range(x.shape[0]):
             g = x[j] if j == 0 else self.predecessor(x[j], self.embed(drafts[-1]))
-            lj = ops.linear(self.norm(g), head.to(g.dtype)).float()
+            lj = ops.linear(self.norm(g).float(), head.float())
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index
             drafts.append(self.draft_vocab[torch.argmax(lj)])
             states.append(g)

@@ -91,7 +91,7 @@ class DrafterMLP(nn.Module):
         self.down_proj = _linear(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DrafterLayer(nn.Module):

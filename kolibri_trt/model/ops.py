@@ -115,12 +115,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x2, w)[:n].reshape(*shape[:-1], w.shape[0])
 
 
-def swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor
-           ) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)); weights [I, H], [I, H], [H, I]; runs in x.dtype."""
-    return linear(F.silu(linear(x, gate_w)) * linear(x, up_w), down_w)
-
-
 def route_topk(router_logits: torch.Tensor, k: int, normalize: bool
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing with ties towards the lower expert index (`kolibri-1.md`).

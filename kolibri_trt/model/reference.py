@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import load_tensors, save_tensors
@@ -94,7 +95,7 @@ class Expert(nn.Module):
         self.down_proj = _linear(hidden, inter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MoE(nn.Module):

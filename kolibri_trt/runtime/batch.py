@@ -10,12 +10,13 @@ from .scheduler import ScheduledSeq
 
 def build_metadata(scheduled: list[ScheduledSeq], block_size: int, ring_blocks: int,
                    extra_tokens: dict[str, list[int]] | None = None,
-                   device: torch.device | str = "cpu") -> StepMetadata:
+                   device: torch.device | str = "cpu", all_rows: bool = False) -> StepMetadata:
     """Lay out the step's tokens and their cache slots.
 
     extra_tokens[request_id]: draft tokens appended after a stream's newest token (they are
     verified in this pass: every one of their rows gets logits). Rows that need logits: the
-    last row of a stream whose chunk reaches its newest token, plus every draft row.
+    last row of a stream whose chunk reaches its newest token, plus every draft row
+    (`all_rows`: every row, for scoring).
     """
     extra = extra_tokens or {}
     ids, pos, full_slots, ring_slots, rows = [], [], [], [], []
@@ -32,7 +33,9 @@ def build_metadata(scheduled: list[ScheduledSeq], block_size: int, ring_blocks: 
             pos.append(p)
             full_slots.append(seq.full_blocks[b] * block_size + off)
             ring_slots.append(seq.ring[b % ring_blocks] * block_size + off)
-        if item.samples:
+        if all_rows:
+            rows.extend(range(cu[-1], cu[-1] + n))
+        elif item.samples:
             first = cu[-1] + item.num_tokens - 1
             rows.extend(range(first, first + 1 + len(drafts)))
         cu.append(cu[-1] + n)

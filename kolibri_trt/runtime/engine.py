@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 
 from ..engine_format import TARGET_DIR
 from ..sampling import SamplingParams
@@ -26,7 +28,7 @@ from .engine_loader import Manifest, load_drafter, load_target
 from .kv_cache import CacheGeometry, KVCache, bytes_per_token, ring_blocks_needed
 from .model_runner import ModelRunner
 from .output import OutputProcessor, RequestOutput
-from .scheduler import BlockManager, Scheduler
+from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
 
 
@@ -241,6 +243,36 @@ class LLMEngine:
             self.speculator.drop(seq.request_id)
             del self.requests[seq.request_id]
         return StepOutput(seq.request_id, committed, delta, out)
+
+    @torch.no_grad()
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Teacher-forced logits of a token sequence through the paged cache (vLLM's prompt
+        logprobs): fp32 [len - 1, V], row i = the next-token logits after token_ids[:i + 1].
+        Runs in chunks of max_num_batched_tokens; needs an idle engine.
+
+        Raises:
+            RuntimeError: requests are in flight; ValueError: a bad prompt.
+        """
+        if self.scheduler.has_work():
+            raise RuntimeError("score() needs an idle engine")
+        self._check_prompt(token_ids)
+        seq = Sequence("score", list(token_ids), SamplingParams())
+        blocks = self.scheduler.blocks
+        if not blocks.can_admit(len(token_ids)):
+            raise ValueError("token_ids: longer than the KV cache can hold")
+        blocks.admit(seq)
+        blocks.grow(seq, len(token_ids))
+        rows = []
+        try:
+            g, step = self.cache.geometry, self.args.max_num_batched_tokens
+            for start in range(0, len(token_ids) - 1, step):
+                n = min(step, len(token_ids) - 1 - start)
+                meta = build_metadata([ScheduledSeq(seq, start, n)], g.block_size,
+                                      g.ring_blocks, all_rows=True)
+                rows.append(self.runner.forward(meta)[0])
+        finally:
+            blocks.free(seq)
+        return torch.cat(rows)
 
     def abort(self, request_id: str) -> None:
         """Drop a request and free its cache blocks (a client went away)."""

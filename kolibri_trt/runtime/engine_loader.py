@@ -13,11 +13,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..builder.dequant import dequantize
 from ..checkpoint import load_tensors
 from ..config import KolibriConfig
 from ..config_io import FieldReader, read_json
-from ..engine_format import (FULL_KV_FORMATS, MANIFEST, SCHEMA_VERSION, SLIDING_KV_FORMATS,
-                             TARGET_DIR, WEIGHT_FORMATS, target_weight_group)
+from ..engine_format import (BLOCK_FP8_GROUP, DRAFTER_DIR, FULL_KV_FORMATS, MANIFEST,
+                             NVFP4_GROUP, SCHEMA_VERSION, SLIDING_KV_FORMATS, TARGET_DIR,
+                             WEIGHT_FORMATS, drafter_weight_group, target_weight_group)
 from ..errors import CheckpointError
 from ..model import ops
 from ..model.reference import KolibriForCausalLM, Linear
@@ -79,23 +81,33 @@ class DequantLinear(nn.Module):
         return ops.linear(x.float(), self.weight).to(x.dtype)
 
 
-def expected_engine_shapes(cfg: KolibriConfig, formats: dict[str, str]
-                           ) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of a target engine folder (weights only, KV tensors excluded)."""
+def quantized_shapes(base: dict[str, tuple[int, ...]], fmt_of) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape once every linear weight is stored in its format.
+
+    base: the bf16 checkpoint's names and shapes; fmt_of(name) -> the format of that tensor's
+    group. Only 2-D `.weight`s of linears change; the embedding always stays bf16.
+    """
     out: dict[str, tuple[int, ...]] = {}
-    for name, shape in KolibriForCausalLM.expected_shapes(cfg).items():
-        fmt = formats[target_weight_group(name)]
-        if fmt == "bf16" or len(shape) != 2 or name.startswith("model.embed_tokens"):
+    for name, shape in base.items():
+        fmt = fmt_of(name)
+        if fmt == "bf16" or len(shape) != 2 or "embed_tokens" in name:
             out[name] = shape
             continue
         n, k = shape
-        base = name[: -len("weight")]
+        stem = name[: -len("weight")]
         out[name] = (n, k // 2) if fmt == "nvfp4" else (n, k)
-        scale_shape = {"fp8": (), "block_fp8": (n, k // 64), "nvfp4": (n, k // 16)}[fmt]
-        out[base + "weight_scale"] = scale_shape
+        out[stem + "weight_scale"] = {"fp8": (), "block_fp8": (n, -(-k // BLOCK_FP8_GROUP)),
+                                      "nvfp4": (n, k // NVFP4_GROUP)}[fmt]
         for extra in _SUFFIXES[fmt][1:]:
-            out[base + extra] = ()
+            out[stem + extra] = ()
     return out
+
+
+def expected_engine_shapes(cfg: KolibriConfig, formats: dict[str, str]
+                           ) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a target engine folder (weights only, KV tensors excluded)."""
+    return quantized_shapes(KolibriForCausalLM.expected_shapes(cfg),
+                            lambda name: formats[target_weight_group(name)])
 
 
 def kv_tensor_shapes(cfg: KolibriConfig, plan: KVPlan) -> dict[str, tuple[int, ...]]:
@@ -110,11 +122,6 @@ def kv_tensor_shapes(cfg: KolibriConfig, plan: KVPlan) -> dict[str, tuple[int, .
             d = cfg.head_dim
             out[pre + "q_rotation"], out[pre + "k_rotation"] = (d, d), (d, d)
     return out
-
-
-def _dequant(fmt: str, t: dict[str, torch.Tensor], base: str) -> torch.Tensor:
-    from ..builder.dequant import dequantize_linear  # the build's own inverse of its formats
-    return dequantize_linear(fmt, {k[len(base):]: v for k, v in t.items() if k.startswith(base)})
 
 
 def load_target(engine_dir: Path, manifest: Manifest, device: str | torch.device
@@ -132,14 +139,7 @@ def load_target(engine_dir: Path, manifest: Manifest, device: str | torch.device
     tensors = load_tensors(folder, shapes, device=device)
     with torch.device("meta"):
         model = KolibriForCausalLM(cfg)
-    for name, module in list(model.named_modules()):
-        fmt = formats[target_weight_group(name + ".weight")] if isinstance(module, Linear) else "bf16"
-        if fmt != "bf16":
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child,
-                    DequantLinear(_dequant(fmt, tensors, name + ".")))
-    plain = {name: tensors[name].to(torch.bfloat16) for name in model.state_dict()}
-    model.load_state_dict(plain, strict=True, assign=True)
+    _assign(model, tensors, lambda name: formats[target_weight_group(name)])
     rotations, scales = {}, {}
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}.self_attn."
@@ -150,19 +150,46 @@ def load_target(engine_dir: Path, manifest: Manifest, device: str | torch.device
     return model.requires_grad_(False).eval(), rotations, scales
 
 
+def _assign(model: nn.Module, tensors: dict[str, torch.Tensor], fmt_of) -> None:
+    """Swap each quantized `Linear` for a `DequantLinear` and load every other tensor (bf16)."""
+    for name, module in list(model.named_modules()):
+        fmt = fmt_of(name + ".weight") if isinstance(module, Linear) else "bf16"
+        if fmt != "bf16":
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child,
+                    DequantLinear(dequantize(tensors, name, fmt)))
+    plain = {name: tensors[name].to(torch.bfloat16) for name in model.state_dict()}
+    model.load_state_dict(plain, strict=True, assign=True)
+
+
 def load_drafter(engine_dir: Path, manifest: Manifest, target: KolibriForCausalLM,
                  device: str | torch.device):
-    """The block drafter of `engine_dir/drafter`, bound to the loaded target.
+    """The block drafter of `engine_dir/drafter`, bound to the loaded target; its head is the
+    stored draft-vocabulary slice (`lm_head.*`, dequantized), not the target's full head.
 
     Raises:
-        CheckpointError: the engine has no drafter, or its files are bad.
+        CheckpointError: the engine has no drafter, or its files are bad (names file/tensor).
     """
-    from ..drafter import KolibriBlockDrafter
-    from ..engine_format import DRAFTER_DIR
+    from ..drafter import DrafterConfig, DrafterTarget, KolibriBlockDrafter
+    from ..drafter.block_drafter import DRAFT_VOCAB, check_fits_target, read_draft_vocab
     folder = engine_dir / DRAFTER_DIR
     if not manifest.drafter_formats or not folder.is_dir():
         raise CheckpointError(folder, "this engine has no drafter (build it with one, or use "
                               "speculative='off' or 'copy')")
-    if set(manifest.drafter_formats.values()) != {"bf16"}:
-        raise NotImplementedError("quantized drafter weights are not loaded on CPU yet")
-    return KolibriBlockDrafter.from_pretrained(folder, target=target, device=device)
+    cfg = DrafterConfig.from_json(folder / "config.json")
+    tgt = DrafterTarget.of(target)
+    check_fits_target(cfg, tgt, folder / "config.json")
+    vocab = read_draft_vocab(folder / DRAFT_VOCAB, cfg.draft_vocab_size, target.config.vocab_size)
+    formats = manifest.drafter_formats
+    base = dict(KolibriBlockDrafter.expected_shapes(cfg))
+    base["lm_head.weight"] = (cfg.draft_vocab_size, cfg.hidden_size)
+    fmt_of = lambda name: formats[drafter_weight_group(name)] \
+        if drafter_weight_group(name) != "norms" else "bf16"  # noqa: E731
+    tensors = load_tensors(folder, quantized_shapes(base, fmt_of), device=device)
+    with torch.device("meta"):
+        model = KolibriBlockDrafter(cfg, tgt, torch.empty(0, dtype=torch.long))
+    head = dequantize(tensors, "lm_head", formats["head"])
+    _assign(model, {k: v for k, v in tensors.items() if not k.startswith("lm_head.")}, fmt_of)
+    model.draft_vocab = vocab.to(device)
+    model.head_slice = head
+    return model.requires_grad_(False).eval()

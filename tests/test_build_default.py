@@ -1,0 +1,27 @@
+"""`python build.py --target gb10` with no other argument, in a fresh folder: makes the
+embedded default fixtures, builds them with the real recipes and calibration set, and prints
+the engine path last."""
+
+from __future__ import annotations
+
+import json
+
+from kolibri_trt.builder import validate_manifest
+from kolibri_trt.builder.cli import main
+
+
+def test_default_build_for_gb10(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--target", "gb10", "--no-progress"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "engines/gb10"
+    engine = tmp_path / "engines" / "gb10"
+    assert (tmp_path / "fixtures" / "default" / "target" / "config.json").is_file()
+    manifest = json.loads((engine / "manifest.json").read_text())
+    validate_manifest(manifest)
+    assert manifest["calibration"]["set"] == "kolibri-builtin-v1"
+    assert manifest["calibration"]["languages"] == ["code", "english", "german"]
+    sizes = {d: sum(p.stat().st_size for p in (engine / d).iterdir()) for d in ("target",
+                                                                               "drafter")}
+    assert 90e6 < sizes["target"] < 130e6 and 4e6 < sizes["drafter"] < 8e6
+    assert not [p for p in (tmp_path / "engines").iterdir() if p.name.startswith(".")]
