@@ -134,8 +134,7 @@ class LLMEngine:
                 max_model_len, or a request id already in use.
         """
         text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt, add_bos=True) if text is not None else list(prompt)
-        self._check_prompt(ids)
+        ids = self.check_request(prompt)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"request_id: {rid!r} is already in use")
@@ -148,6 +147,25 @@ class LLMEngine:
         self.speculator.add(rid, ids)
         self.scheduler.add(seq)
         return rid
+
+    def check_request(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids (text gets BOS), checked; raises ValueError naming `prompt`.
+        Safe to call from any thread: it reads only the tokenizer and the config."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_bos=True)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError("prompt: must be a string or a list of token ids")
+        self._check_prompt(ids)
+        return ids
+
+    def usage(self) -> dict[str, int]:
+        """Requests running and waiting, and full-layer KV blocks used / total (for metrics)."""
+        blocks = self.scheduler.blocks
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "kv_blocks_used": blocks.num_used_full,
+                "kv_blocks_total": blocks.geometry.num_full_blocks}
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:

@@ -1,0 +1,76 @@
+"""EngineLoop: concurrent submitters share one continuous batch; abort frees blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from kolibri_trt import LLM, SamplingParams
+from kolibri_trt.serving import EngineLoop, QueueFull
+
+from runtime_engines import small_target, write_engine
+from test_runtime import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return LLM(write_engine(tmp_path_factory.mktemp("loop"), small_target()), speculative="copy")
+
+
+def test_threads_and_asyncio_get_offline_tokens(llm):
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=2, ignore_eos=True)
+    offline = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    loop = EngineLoop(llm.engine)
+    try:
+        got: dict[int, list[int]] = {}
+
+        def worker(i):
+            got[i] = [t for step in loop.stream(PROMPTS[i], params) for t in step.new_token_ids]
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+
+        async def consume(i):
+            return [t async for step in loop.astream(PROMPTS[i], params) for t in step.new_token_ids]
+
+        async def main():
+            return await asyncio.gather(*(consume(i) for i in range(4, 8)))
+        got.update(dict(zip(range(4, 8), asyncio.run(main()))))
+        for t in threads:
+            t.join()
+        assert [got[i] for i in range(8)] == offline
+    finally:
+        loop.close()
+
+
+def test_abandoned_async_stream_is_aborted_and_frees_blocks(llm):
+    loop = EngineLoop(llm.engine)
+    try:
+        async def take_two():
+            n = 0
+            async for _ in loop.astream(PROMPTS[4], SamplingParams(max_tokens=200, ignore_eos=True)):
+                n += 1
+                if n == 2:
+                    break
+            return n
+        assert asyncio.run(take_two()) == 2
+        for _ in range(200):
+            if llm.engine.usage()["kv_blocks_used"] == 0 and not llm.engine.has_unfinished():
+                break
+            threading.Event().wait(0.01)
+        assert llm.engine.usage()["kv_blocks_used"] == 0
+    finally:
+        loop.close()
+
+
+def test_bad_requests_and_a_full_queue(llm):
+    loop = EngineLoop(llm.engine, max_waiting=0)
+    try:
+        with pytest.raises(QueueFull):
+            loop.submit("hi", SamplingParams(), lambda item: None)
+        with pytest.raises(ValueError, match="prompt"):
+            loop.submit([], SamplingParams(), lambda item: None)
+    finally:
+        loop.close()
