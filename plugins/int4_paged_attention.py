@@ -6,7 +6,14 @@ shared/spec/kv-cache.md); nothing is dequantized to memory:
     q·k_j = s_j·(q·c_j) + o_j·Σq          (the offset is one extra term per key)
     Σ_j p_j v_j = Σ_j (p_j s^v_j)·c^v_j + (Σ_j p_j o^v_j)·1
 Split-KV: each program takes one partition of PART positions of one (stream, KV head, tile of 16
-query rows); attn_combine merges the partitions in a fixed order (batch invariant).
+query rows = the GQA group's heads, so one decoded tile serves all of them); attn_combine merges
+the partitions in a fixed order (batch invariant).
+
+v4 (plugins/NOTES.md): the head dim is split by nibble, d = 2i (low nibble of byte i) and 2i+1
+(high): q·c = q_even·c_lo + q_odd·c_hi and P·V = [P·v_lo, P·v_hi], so a [keys, 64] byte tile is
+decoded in place (no join/reshape, 16-byte loads) into two [keys, 64] fp16 MMA operands. Key codes
+keep their 1024 bias (fp16 0x64nn = 1024 + nn; the MMA accumulator starts at -1024·Σq); value codes
+go through shared memory as fp16 (the P·V contraction runs across keys, not along the bytes).
 """
 
 from __future__ import annotations
@@ -22,24 +29,24 @@ from .qk_norm_fold_int4 import dequantize_int4_ref
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 128  # keys per inner step (H200 sweep, plugins/NOTES.md)
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
+K_IN_REGS = True  # decode K in the MMA operand registers (True) or in the load layout (False)
+V_IN_REGS = False  # the same for V (True: byte gathers from shared memory; False: fp16 staging)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 LOG2E = 1.4426950408889634
 
 
 @jit
-def _nibbles_f16(c):
-    """uint8 nibble values (0..15) -> exact fp16 via the 1024 + n bit pattern (no int->float cvt)."""
-    return (c.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+def _codes_f16(c, EXACT: tl.constexpr, PURE: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 packed codes [N, 64] -> (low, high nibbles) as fp16 [N, 64], no int->float cvt.
 
-
-@jit
-def _codes_f16(c, USE_ASM: tl.constexpr):
-    """uint8 packed codes -> (low nibbles, high nibbles) as exact fp16 values 0..15.
-
-    GPU: inline PTX on four bytes at a time: prmt builds (0x64, byte) fp16 pairs = 1024 + byte,
-    lop3 masks one nibble, and one f16x2 sub / fma removes the 1024 (and the ×16 of the high
-    nibble) exactly: ~1.3 instructions per code instead of an int->float conversion each."""
-    if USE_ASM:
+    The fp16 bit pattern 0x64nn is 1024 + nn. EXACT=False returns 1024 + lo and 1024 + 16·hi (one
+    prmt per 2 bytes + one lop3 per 2 codes: 0.75 instructions per code); the caller removes the
+    bias (for keys: the MMA accumulator starts at -1024·Σq). EXACT=True returns lo and hi (one
+    more f16x2 sub / fma per 2 codes). PURE=False keeps Triton from moving the decode past the
+    layout conversion: it runs in the 16-byte load layout and the fp16 tile reaches the MMA through
+    shared memory (ldmatrix); PURE=True lets it decode the staged bytes in the MMA operand
+    registers (less shared-memory traffic; operand kWidth 4, the other operand gets shuffled)."""
+    if USE_ASM and EXACT:
         lo, hi = tl.inline_asm_elementwise(
             "{ .reg .b32 k, p, c0, c1, c2; mov.b32 k, 0x64; mov.b32 c0, 0x64006400; "
             "mov.b32 c1, 0x2C002C00; mov.b32 c2, 0xD400D400; "
@@ -47,11 +54,31 @@ def _codes_f16(c, USE_ASM: tl.constexpr):
             "and.b32 $2, p, 0xFFF0FFF0; fma.rn.f16x2 $2, $2, c1, c2; "
             "prmt.b32 p, $4, k, 0x4342; and.b32 $1, p, 0xFF0FFF0F; sub.rn.f16x2 $1, $1, c0; "
             "and.b32 $3, p, 0xFFF0FFF0; fma.rn.f16x2 $3, $3, c1, c2; }",
-            "=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+            "=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16), is_pure=PURE, pack=4)
+    elif USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 k, p; mov.b32 k, 0x64; "
+            "prmt.b32 p, $4, k, 0x4140; and.b32 $0, p, 0xFF0FFF0F; and.b32 $2, p, 0xFFF0FFF0; "
+            "prmt.b32 p, $4, k, 0x4342; and.b32 $1, p, 0xFF0FFF0F; and.b32 $3, p, 0xFFF0FFF0; }",
+            "=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16), is_pure=PURE, pack=4)
     else:
-        lo = _nibbles_f16(c & 15)
-        hi = _nibbles_f16(c >> 4)
+        c16 = c.to(tl.uint16)
+        lo = ((c16 & 15) | 0x6400).to(tl.float16, bitcast=True)
+        hi = ((c16 & 0xF0) | 0x6400).to(tl.float16, bitcast=True)
+        if EXACT:
+            lo = lo - 1024.0
+            hi = hi * 0.0625 - 64.0
     return lo, hi
+
+
+@jit
+def _meta(m_ptr, off, mask):
+    """(scale, offset) fp32 of the keys at uint32 pointer m_ptr + off: one 4-byte load per key
+    (masked keys read as 0, 0)."""
+    w = tl.load(m_ptr + off, mask=mask, other=0)
+    s = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    o = (w >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return s, o
 
 
 @jit
@@ -59,7 +86,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                      DOT_F32: tl.constexpr):
+                      K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
     j = tl.program_id(1)
     rt = pid % RT
@@ -67,72 +94,93 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
     s = pid // (RT * HKV)
     q_start = tl.load(cuq_ptr + s)
     q_len = tl.load(cuq_ptr + s + 1) - q_start
+    seq_len = tl.load(seq_ptr + s)  # issued with the cu_q_lens loads (one latency less)
     if rt * BLOCK_M < q_len * G:
-        seq_len = tl.load(seq_ptr + s)
         r = rt * BLOCK_M + tl.arange(0, BLOCK_M)
         tq = r // G
         rvalid = tq < q_len
         pos = seq_len - q_len + tq
         row = ((q_start + tq) * HQ + h * G + r % G).to(tl.int64)
-        d = tl.arange(0, D)
         lo_u = tl.where(window > 0, tl.maximum(seq_len - q_len - window + 1, 0), 0)
         p = lo_u // PART + j
         k_lo = tl.maximum(p * PART, lo_u)
         k_hi = tl.minimum((p + 1) * PART, seq_len)
-        q = tl.load(q_ptr + row[:, None] * D + d[None, :], mask=rvalid[:, None], other=0.0)
-        q = q.to(tl.float16)  # codes are exact in fp16; bf16 -> fp16 keeps every q bit
-        qsum = tl.sum(q.to(tl.float32), 1)
+        # visible keys of each row: lo_r <= key <= hi_r (causal, window, this partition)
+        hi_r = tl.where(rvalid, tl.minimum(pos, k_hi - 1), -1)
+        lo_r = tl.maximum(tl.where(window > 0, pos - window + 1, 0), k_lo)
+        # d = 2i + e is split by parity e (the nibble it lives in): q·k = q_e·c_lo + q_o·c_hi
+        b = tl.arange(0, D // 2)
+        qw = tl.load(q_ptr.to(tl.pointer_type(tl.uint32)) + row[:, None] * (D // 2) + b[None, :],
+                     mask=rvalid[:, None], other=0)  # bf16 pairs (q_2i, q_2i+1)
+        q_e = (qw << 16).to(tl.float32, bitcast=True).to(tl.float16)
+        q_o = ((qw & 0xFFFF0000).to(tl.float32, bitcast=True) * 0.0625).to(tl.float16)
+        se = tl.sum(q_e.to(tl.float32), 1)
+        so = tl.sum(q_o.to(tl.float32), 1)
+        qsum = (se + 16.0 * so) * qk_scale  # Σq as the dot sees it (log2 units)
+        # key codes come as 1024 + c (low) and 1024 + 16·c (high, against q_o = q_odd/16): the
+        # accumulator starts at -1024·Σ(q_e + q_o) (the cancellation costs ~10 of fp32's 24 bits)
+        bias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32) - (1024.0 * (se + so))[:, None]
         if DOT_F32:
-            q = q.to(tl.float32)
+            q_e = q_e.to(tl.float32)
+            q_o = q_o.to(tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        acc_o = tl.zeros([BLOCK_M], tl.float32)
-        b = tl.arange(0, D // 2)
-        two = tl.arange(0, 2)
+        acc_e = tl.zeros([BLOCK_M, D // 2], tl.float32)
+        acc_o = tl.zeros([BLOCK_M, D // 2], tl.float32)
+        acc_c = tl.zeros([BLOCK_M], tl.float32)
+        i_n = tl.arange(0, BLOCK_N)
+        offs = (i_n * HKV)[:, None] * (D // 2) + b[None, :]  # a page's keys: stride HKV rows
+        kc_p = kc_ptr + h * (D // 2)
+        vc_p = vc_ptr + h * (D // 2)
+        km_p = km_ptr.to(tl.pointer_type(tl.uint32)) + h
+        vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h
         for n0 in range((k_lo // BLOCK_N) * BLOCK_N, k_hi, BLOCK_N):
-            kpos = n0 + tl.arange(0, BLOCK_N)
+            kpos = n0 + i_n
             kval = (kpos >= k_lo) & (kpos < k_hi)
+            # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the
+            # codes of invisible keys meet p = 0 and zeroed (masked) scale and offset.
             if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
                 phys = tl.load(bt_ptr + s * bt_stride + n0 // BLOCK).to(tl.int64)
-                kh = (phys * BLOCK + n0 % BLOCK + tl.arange(0, BLOCK_N)) * HKV + h
+                base = (phys * BLOCK + n0 % BLOCK) * HKV
+                kc = tl.load(kc_p + base * (D // 2) + offs)
+                vc = tl.load(vc_p + base * (D // 2) + offs)
+                ks, ko = _meta(km_p + base, i_n * HKV, kval)
+                vs, vo = _meta(vm_p + base, i_n * HKV, kval)
             else:
                 phys = tl.load(bt_ptr + s * bt_stride + kpos // BLOCK, mask=kval, other=0)
-                kh = (phys.to(tl.int64) * BLOCK + kpos % BLOCK) * HKV + h
-            kc = tl.load(kc_ptr + kh[:, None] * (D // 2) + b[None, :], mask=kval[:, None], other=0)
-            kmeta = tl.load(km_ptr + kh[:, None] * 2 + two[None, :], mask=kval[:, None], other=0.0)
-            ks, ko = tl.split(kmeta.to(tl.float32))
-            klo, khi = _codes_f16(kc, USE_ASM)
-            kcf = tl.reshape(tl.join(klo, khi), (BLOCK_N, D))
+                kh = (phys.to(tl.int64) * BLOCK + kpos % BLOCK) * HKV
+                kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
+                vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
+                ks, ko = _meta(km_p, kh, kval)
+                vs, vo = _meta(vm_p, kh, kval)
+            klo, khi = _codes_f16(kc, False, K_IN_REGS, USE_ASM)
             if DOT_F32:
-                kcf = kcf.to(tl.float32)
-            sc = tl.dot(q, tl.trans(kcf))
-            sc = (sc * ks[None, :] + qsum[:, None] * ko[None, :]) * qk_scale
-            vis = rvalid[:, None] & kval[None, :] & (kpos[None, :] <= pos[:, None])
-            vis = vis & ((window <= 0) | (kpos[None, :] > pos[:, None] - window))
+                klo = klo.to(tl.float32)
+                khi = khi.to(tl.float32)
+            sc = tl.dot(q_o, tl.trans(khi), acc=tl.dot(q_e, tl.trans(klo), acc=bias))
+            sc = sc * (ks * qk_scale)[None, :] + qsum[:, None] * ko[None, :]
+            vis = (kpos[None, :] >= lo_r[:, None]) & (kpos[None, :] <= hi_r[:, None])
             sc = tl.where(vis, sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
             pr = tl.exp2(sc - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(pr, 1)
-            vc = tl.load(vc_ptr + kh[:, None] * (D // 2) + b[None, :], mask=kval[:, None], other=0)
-            vmeta = tl.load(vm_ptr + kh[:, None] * 2 + two[None, :], mask=kval[:, None], other=0.0)
-            vs, vo = tl.split(vmeta.to(tl.float32))
-            vlo, vhi = _codes_f16(vc, USE_ASM)
-            vcf = tl.reshape(tl.join(vlo, vhi), (BLOCK_N, D))
+            acc_c = acc_c * alpha + tl.sum(pr * vo[None, :], 1)
+            vlo, vhi = _codes_f16(vc, True, V_IN_REGS, USE_ASM)
             pv = (pr * vs[None, :]).to(tl.float16)
             if DOT_F32:
-                pv_dot = tl.dot(pv.to(tl.float32), vcf.to(tl.float32))
-            else:
-                pv_dot = tl.dot(pv, vcf)
-            acc = acc * alpha[:, None] + pv_dot
-            acc_o = acc_o * alpha + tl.sum(pr * vo[None, :], 1)
+                pv = pv.to(tl.float32)
+                vlo = vlo.to(tl.float32)
+                vhi = vhi.to(tl.float32)
+            acc_e = tl.dot(pv, vlo, acc=acc_e * alpha[:, None])
+            acc_o = tl.dot(pv, vhi, acc=acc_o * alpha[:, None])
             m_i = m_new
-        acc = acc + acc_o[:, None]
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
-        tl.store(acc_ptr + (row * S + j)[:, None] * D + d[None, :], acc, mask=rvalid[:, None])
+        ap = acc_ptr + (row * S + j)[:, None] * D + 2 * b[None, :]
+        tl.store(ap, acc_e + acc_c[:, None], mask=rvalid[:, None])
+        tl.store(ap + 1, acc_o + acc_c[:, None], mask=rvalid[:, None])
 
 
 def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens,
@@ -183,7 +231,8 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
     launch(_int4_attn_kernel, (ns * hkv * rt, splits), q, k_codes, v_codes, k_meta, v_meta,
            block_tables, seq_lens, cu_q_lens, m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g,
            splits, rt, block_tables.stride(0), int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M,
-           BLOCK_N=BLOCK_N, D=HEAD_DIM, USE_ASM=USE_ASM and not interpret, DOT_F32=interpret,
+           BLOCK_N=BLOCK_N, D=HEAD_DIM, USE_ASM=USE_ASM and not interpret, K_IN_REGS=K_IN_REGS,
+           V_IN_REGS=V_IN_REGS, DOT_F32=interpret,
            interpret=interpret, **TUNE)
     return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)
 
@@ -203,8 +252,8 @@ def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_
             size the grid; fix them per CUDA graph).
         sm_scale: softmax scale (None = 1/sqrt(128); pass 1.0 when M_q already holds it).
         window: 0 = full causal (these layers); > 0 keeps keys j with i - window < j <= i.
-        part: positions per split (a multiple of 64; None = module PART). Keep it fixed: it sets
-            the reduction order.
+        part: positions per split (a multiple of BLOCK_N; None = module PART). Keep it fixed: it
+            sets the reduction order.
         interpret: run the Triton kernels in the interpreter on CPU tensors (tests only).
     Returns: bf16 [total_q, Hq, 128].
     Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
