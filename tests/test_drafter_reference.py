@@ -39,6 +39,12 @@ def test_propose_matches_naive_spec_reading(micro_drafter, micro_target, length)
     assert set(drafts.tolist()) <= set(micro_drafter.draft_vocab.tolist())
 
 
+def _one(drafter, fused, nxt):
+    """block_pass of one stream, stream axis dropped: draft_ids [B], logits [B, Vd], states [B, H]."""
+    out = drafter.block_pass(fused, nxt)
+    return type(out)(out.draft_ids[0], out.logits[0], out.states[0])
+
+
 def _variant(drafter, **edits):
     d = copy.deepcopy(drafter)
     with torch.no_grad():
@@ -49,26 +55,26 @@ def _variant(drafter, **edits):
 
 def test_anchor_row_vs_mask_rows(micro_drafter, micro_target):
     taps, nxt = _inputs(micro_drafter, micro_target, 5)
-    base = micro_drafter.block_pass(micro_drafter.fuse_taps(taps), nxt)
+    base = _one(micro_drafter, micro_drafter.fuse_taps(taps), nxt)
     # The mask row feeds rows >= 1 only: row 0 (the anchor's own context row) is unchanged.
     other = _variant(micro_drafter, mask_embedding=lambda p: p.add_(1.0))
-    out = other.block_pass(other.fuse_taps(taps), nxt)
+    out = _one(other, other.fuse_taps(taps), nxt)
     assert torch.equal(out.logits[0], base.logits[0])
     assert not torch.equal(out.logits[1], base.logits[1])
     # Row 0 is ctx_p = fc(cat(fused_p, E[t_{p+1}])): the anchor's sampled token changes it.
     nxt2 = nxt.clone()
     nxt2[-1] = (nxt2[-1] + 1) % micro_target.config.vocab_size
-    out2 = micro_drafter.block_pass(micro_drafter.fuse_taps(taps), nxt2)
+    out2 = _one(micro_drafter, micro_drafter.fuse_taps(taps), nxt2)
     assert not torch.equal(out2.logits[0], base.logits[0])
 
 
 def test_spine_leaves_row_zero_untouched(micro_drafter, micro_target):
     taps, nxt = _inputs(micro_drafter, micro_target, 5)
     fused = micro_drafter.fuse_taps(taps)
-    base = micro_drafter.block_pass(fused, nxt)
+    base = _one(micro_drafter, fused, nxt)
     other = _variant(micro_drafter, **{f"layers.{l}.spine.U.weight": (lambda p: p.mul_(3.0))
                                       for l in (1, 2, 3)})
-    out = other.block_pass(fused, nxt)
+    out = _one(other, fused, nxt)
     assert torch.equal(out.states[0], base.states[0])
     assert not torch.equal(out.states[1], base.states[1])
     assert not hasattr(micro_drafter.layers[0], "spine")
@@ -84,16 +90,17 @@ def test_spine_reads_states_before_the_layer(micro_drafter):
     plain = copy.deepcopy(layer)
     del plain.spine
     ck, cv = layer.kv(torch.randn(3, x.shape[1]), torch.arange(3))
-    torch.testing.assert_close(layer(x, ck, cv, 3 + torch.arange(4)),
-                               plain(expected_rows, ck, cv, 3 + torch.arange(4)))
+    pos = (3 + torch.arange(4))[None]
+    torch.testing.assert_close(layer(x[None], [(ck, cv)], pos),
+                               plain(expected_rows[None], [(ck, cv)], pos))
 
 
 def test_predecessor_head_only_on_rows_from_one(micro_drafter, micro_target):
     taps, nxt = _inputs(micro_drafter, micro_target, 5)
     fused = micro_drafter.fuse_taps(taps)
-    base = micro_drafter.block_pass(fused, nxt)
+    base = _one(micro_drafter, fused, nxt)
     other = _variant(micro_drafter, **{"predecessor.B.weight": lambda p: p.mul_(-2.0)})
-    out = other.block_pass(fused, nxt)
+    out = _one(other, fused, nxt)
     assert torch.equal(out.logits[0], base.logits[0])
     assert all(not torch.equal(out.logits[j], base.logits[j]) for j in range(1, 4))
 
@@ -117,8 +124,8 @@ def test_depth_two_continues_from_the_last_draft(micro_drafter, micro_target):
     assert torch.equal(drafts[:B], first) and torch.equal(logits[:B], first_logits)
     # Pass 2 by hand: positions p+1..p+B get fused states g_0..g_{B-1}, next tokens d_1..d_B.
     fused = micro_drafter.fuse_taps(taps)
-    one = micro_drafter.block_pass(fused, nxt)
-    two = micro_drafter.block_pass(torch.cat([fused, one.states]), torch.cat([nxt, one.draft_ids]))
+    one = _one(micro_drafter, fused, nxt)
+    two = _one(micro_drafter, torch.cat([fused, one.states]), torch.cat([nxt, one.draft_ids]))
     assert torch.equal(drafts[B:], two.draft_ids)
     with pytest.raises(ValueError, match="depth"):
         micro_drafter.propose_depth(taps, nxt, depth=0)
@@ -140,7 +147,27 @@ def test_cached_proposal_equals_reference_depth(micro_drafter, micro_target, len
     p = length - 1
     start = max(0, p - d.config.context_window)
     kv = d.context_kv(d.context_rows(fused[start:p], nxt[start:p]), torch.arange(start, p))
-    drafts, logits = d.propose_cached(fused[p], nxt[p], p, kv, depth)
+    drafts, logits = d.propose_cached(fused[p:p + 1], nxt[p:p + 1], [p], [kv], depth)
+    drafts, logits = drafts[0], logits[0]
     ref_drafts, ref_logits = d.propose_depth(taps, nxt, depth)
     assert torch.equal(drafts, ref_drafts)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_streams_equal_each_stream_alone(micro_drafter, micro_target):
+    d, depth = micro_drafter, 2
+    inputs = [_inputs(d, micro_target, n, seed=n) for n in (2, 5, 9)]
+    args = []
+    for taps, nxt in inputs:
+        fused = d.fuse_taps(taps)
+        p = fused.shape[0] - 1
+        start = max(0, p - d.config.context_window)
+        kv = d.context_kv(d.context_rows(fused[start:p], nxt[start:p]), torch.arange(start, p))
+        args.append((fused[p], nxt[p], p, kv))
+    drafts, logits = d.propose_cached(torch.stack([a[0] for a in args]),
+                                      torch.stack([a[1] for a in args]),
+                                      [a[2] for a in args], [a[3] for a in args], depth)
+    for s, (taps, nxt) in enumerate(inputs):
+        ref_d, ref_l = d.propose_depth(taps, nxt, depth)
+        assert torch.equal(drafts[s], ref_d)
+        torch.testing.assert_close(logits[s], ref_l, rtol=1e-5, atol=1e-5)

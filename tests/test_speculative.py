@@ -62,24 +62,24 @@ class Oracle:
     def __call__(self, request_id, tokens, room):
         self.calls += 1
         if self.calls % self.every:
-            return [], []                                   # a step without drafts
+            return []                                       # a step without drafts
         for prompt, out in self.truth.items():
             if tuple(tokens[:len(prompt)]) == prompt:
                 n = len(tokens) - len(prompt)
                 drafts = list(out[n:n + min(self.k, room)])
                 if self.wrong is not None and self.wrong < len(drafts):
                     drafts[self.wrong] = (drafts[self.wrong] + 1) % 2000
-                return drafts, ["copy"] * len(drafts)
-        return [], []
+                return drafts
+        return []
 
 
 def _run_with(llm, oracle, prompts, params):
-    saved = llm.engine.speculator.propose
-    llm.engine.speculator.propose = oracle
+    saved = llm.engine.speculator.propose_copy
+    llm.engine.speculator.propose_copy = oracle
     try:
         return llm.generate(prompts, params)
     finally:
-        llm.engine.speculator.propose = saved
+        llm.engine.speculator.propose_copy = saved
 
 
 @pytest.mark.parametrize("wrong, every", [(None, 1), (0, 1), (3, 1), (2, 2)])
@@ -158,11 +158,11 @@ def test_multibyte_character_completed_inside_a_run_streams_whole(llms):
                                                          ignore_eos=True)
     text = llm.generate(prompt, params)[0].text
     oracle = Oracle(llms["off"], [prompt], params, k=5)
-    llm.engine.speculator.propose, saved = oracle, llm.engine.speculator.propose
+    llm.engine.speculator.propose_copy, saved = oracle, llm.engine.speculator.propose_copy
     try:
         pieces = list(llm.stream(prompt, params))
     finally:
-        llm.engine.speculator.propose = saved
+        llm.engine.speculator.propose_copy = saved
     assert "".join(pieces) == text and oracle.calls > 0
 
 

@@ -25,11 +25,11 @@ DRAFT_VOCAB = "draft_vocab.json"
 
 @dataclass(frozen=True)
 class BlockProposal:
-    """One drafter pass.
+    """One drafter pass over S streams.
 
-    draft_ids: int64 [B] target token ids for positions p+2 .. p+B+1.
-    logits: fp32 [B, draft_vocab_size] over the draft vocabulary.
-    states: [B, H] the rows' g_j (model dtype): the fused states of the next depth pass.
+    draft_ids: int64 [S, B] target token ids for positions p+2 .. p+B+1 of each stream.
+    logits: fp32 [S, B, draft_vocab_size] over the draft vocabulary.
+    states: [S, B, H] the rows' g_j (model dtype): the fused states of the next depth pass.
     """
 
     draft_ids: torch.Tensor
@@ -81,77 +81,91 @@ class KolibriBlockDrafter(nn.Module):
         return [layer.kv(ctx, positions) for layer in self.layers]
 
     def block_pass(self, fused: torch.Tensor, next_token_ids: torch.Tensor) -> BlockProposal:
-        """One pass with anchor p = P - 1 (reference: context recomputed from scratch).
+        """One pass of one stream with anchor p = P - 1 (reference: context recomputed).
 
         fused: [P, H] fused states of positions 0..p; next_token_ids: int64 [P], t_{i+1}.
         Context rows are ctx_i = fc(cat(fused_i, E[t_{i+1}])) for max(0, p - context_window)
         <= i < p; row 0 = ctx_p; rows j >= 1 = fc(cat(fused_p, mask_embedding)).
+        Returns a BlockProposal with S = 1.
         """
         p = fused.shape[0] - 1
         start = max(0, p - self.config.context_window)
         ctx = self.context_rows(fused[start:], next_token_ids[start:])
         kv = self.context_kv(ctx[:-1], torch.arange(start, p, device=fused.device))
-        return self.block_pass_cached(fused[p], ctx[-1], p, kv)
+        return self.block_pass_cached(fused[p:], ctx[-1:], [p], [kv])
 
-    def block_pass_cached(self, anchor_fused: torch.Tensor, anchor_ctx: torch.Tensor, p: int,
-                          kv: list[tuple[torch.Tensor, torch.Tensor]]) -> BlockProposal:
-        """One pass from cached context keys/values.
+    def block_pass_cached(self, anchor_fused: torch.Tensor, anchor_ctx: torch.Tensor,
+                          anchors: list[int], kvs: list[list[tuple[torch.Tensor, torch.Tensor]]]
+                          ) -> BlockProposal:
+        """One batched pass of S streams from cached context keys/values.
 
-        anchor_fused, anchor_ctx: [H] fused_p and ctx_p; p: the anchor position; kv: per
-        layer (k, v) [C, Hkv, D] of the context rows at positions p - C .. p - 1, where
-        C = min(p, context_window).
+        anchor_fused, anchor_ctx: [S, H] fused_p and ctx_p; anchors: the S anchor positions;
+        kvs[s][l]: layer l's (k, v) [C, Hkv, D] of stream s's context rows at positions
+        p - C .. p - 1, C = min(p, context_window).
         """
         c = self.config
-        mask_row = self.fc(torch.cat([anchor_fused, self.mask_embedding.to(anchor_fused.dtype)]))
-        x = torch.cat([anchor_ctx[None], mask_row.expand(c.block_size - 1, -1)], dim=0)
-        row_pos = p + torch.arange(c.block_size, device=x.device)
-        for layer, (k, v) in zip(self.layers, kv):
-            x = layer(x, k, v, row_pos)
+        mask = self.mask_embedding.to(anchor_fused.dtype).expand(anchor_fused.shape[0], -1)
+        mask_rows = self.fc(torch.cat([anchor_fused, mask], dim=-1))
+        x = torch.cat([anchor_ctx[:, None], mask_rows[:, None].expand(-1, c.block_size - 1, -1)],
+                      dim=1)
+        row_pos = torch.tensor(anchors, device=x.device)[:, None] + \
+            torch.arange(c.block_size, device=x.device)[None, :]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, [kv[i] for kv in kvs], row_pos)
         return self._heads(x)
 
     def _heads(self, x: torch.Tensor) -> BlockProposal:
-        """Sequential output heads: g_0 = x_0; g_j = predecessor(x_j, E[d_j]) for j >= 1."""
+        """Sequential output heads over rows j (all streams at once): g_0 = x_0;
+        g_j = predecessor(x_j, E[d_j]) for j >= 1. x: [S, B, H]."""
         head = self.head_slice if self.head_slice is not None \
             else self.target.lm_head[self.draft_vocab]
         states, logits, drafts = [], [], []
-        for j in range(x.shape[0]):
-            g = x[j] if j == 0 else self.predecessor(x[j], self.embed(drafts[-1]))
+        for j in range(x.shape[1]):
+            g = x[:, j] if j == 0 else self.predecessor(x[:, j], self.embed(drafts[-1]))
             lj = ops.linear(self.norm(g).float(), head.float())
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index
-            drafts.append(self.draft_vocab[torch.argmax(lj)])
+            drafts.append(self.draft_vocab[torch.argmax(lj, dim=-1)])
             states.append(g)
             logits.append(lj)
-        return BlockProposal(torch.stack(drafts), torch.stack(logits), torch.stack(states))
+        return BlockProposal(torch.stack(drafts, 1), torch.stack(logits, 1), torch.stack(states, 1))
 
     @torch.no_grad()
-    def propose_cached(self, fused_p: torch.Tensor, next_p: torch.Tensor, p: int,
-                       kv: list[tuple[torch.Tensor, torch.Tensor]], depth: int
+    def propose_cached(self, fused_p: torch.Tensor, next_p: torch.Tensor, anchors: list[int],
+                       kvs: list[list[tuple[torch.Tensor, torch.Tensor]]], depth: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`depth` passes from cached context keys/values (what an engine runs).
+        """`depth` batched passes for S streams from cached context keys/values (what an
+        engine runs: every stream of the round in one pass).
 
-        fused_p: [H] the anchor's fused state; next_p: int64 [] its sampled next token; kv: per
-        layer (k, v) of the context rows at positions p - C .. p - 1 (C = min(p, window)).
-        Provisional rows of earlier passes are added to a copy of kv and dropped at return.
-        Returns drafts int64 [depth*B] and fp32 logits [depth*B, Vd] (as `propose_depth`).
+        fused_p: [S, H] anchors' fused states; next_p: int64 [S] their sampled next tokens;
+        anchors: anchor positions; kvs: as `block_pass_cached`. Provisional rows of earlier
+        passes go into copies of kvs and are dropped at return. Returns drafts int64
+        [S, depth*B] and fp32 logits [S, depth*B, Vd] (per stream as `propose_depth`).
         """
         c, drafts, logits = self.config, [], []
-        anchor_ctx = self.context_rows(fused_p[None], next_p[None])[0]
+        anchor_ctx = self.context_rows(fused_p, next_p)
         for r in range(depth):
-            out = self.block_pass_cached(fused_p, anchor_ctx, p, kv)
+            out = self.block_pass_cached(fused_p, anchor_ctx, anchors, kvs)
             drafts.append(out.draft_ids)
             logits.append(out.logits)
             if r == depth - 1:
                 break
             # positions p .. p+B-1 become context rows: fused (fused_p, g_0..g_{B-2}) with
             # next tokens (t_{p+1}, d_1..d_{B-1}); the new anchor p+B has g_{B-1} and d_B.
-            rows = torch.cat([anchor_ctx[None], self.context_rows(out.states[:-1],
-                                                                   out.draft_ids[:-1])])
-            new = self.context_kv(rows, p + torch.arange(c.block_size, device=rows.device))
-            kv = [(torch.cat([k, nk])[-c.context_window:], torch.cat([v, nv])[-c.context_window:])
-                  for (k, v), (nk, nv) in zip(kv, new)]
-            p, fused_p = p + c.block_size, out.states[-1]
-            anchor_ctx = self.context_rows(fused_p[None], out.draft_ids[-1:])[0]
-        return torch.cat(drafts), torch.cat(logits)
+            kvs = [self._extend(kv, anchor_ctx[s], out, s, p) for s, (kv, p)
+                   in enumerate(zip(kvs, anchors))]
+            anchors = [p + c.block_size for p in anchors]
+            fused_p = out.states[:, -1]
+            anchor_ctx = self.context_rows(fused_p, out.draft_ids[:, -1])
+        return torch.cat(drafts, 1), torch.cat(logits, 1)
+
+    def _extend(self, kv, anchor_ctx: torch.Tensor, out: BlockProposal, s: int, p: int):
+        """Stream s's context kv plus the provisional rows p .. p+B-1 of the pass `out`."""
+        c = self.config
+        rows = torch.cat([anchor_ctx[None],
+                          self.context_rows(out.states[s, :-1], out.draft_ids[s, :-1])])
+        new = self.context_kv(rows, p + torch.arange(c.block_size, device=rows.device))
+        return [(torch.cat([k, nk])[-c.context_window:], torch.cat([v, nv])[-c.context_window:])
+                for (k, v), (nk, nv) in zip(kv, new)]
 
     @torch.no_grad()
     def propose(self, taps: torch.Tensor, next_token_ids: torch.Tensor
@@ -164,7 +178,7 @@ class KolibriBlockDrafter(nn.Module):
         """
         self._check_inputs(taps, next_token_ids)
         out = self.block_pass(self.fuse_taps(taps.to(self.fc.weight.dtype)), next_token_ids)
-        return out.draft_ids, out.logits
+        return out.draft_ids[0], out.logits[0]
 
     @torch.no_grad()
     def propose_depth(self, taps: torch.Tensor, next_token_ids: torch.Tensor, depth: int
@@ -187,10 +201,10 @@ class KolibriBlockDrafter(nn.Module):
         drafts, logits = [], []
         for _ in range(depth):
             out = self.block_pass(fused, next_token_ids)
-            drafts.append(out.draft_ids)
-            logits.append(out.logits)
-            fused = torch.cat([fused, out.states], dim=0)
-            next_token_ids = torch.cat([next_token_ids, out.draft_ids])
+            drafts.append(out.draft_ids[0])
+            logits.append(out.logits[0])
+            fused = torch.cat([fused, out.states[0]], dim=0)
+            next_token_ids = torch.cat([next_token_ids, out.draft_ids[0]])
         return torch.cat(drafts), torch.cat(logits)
 
     def _check_inputs(self, taps: torch.Tensor, next_token_ids: torch.Tensor) -> None:

@@ -118,22 +118,27 @@ class DrafterLayer(nn.Module):
         cos, sin = ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
         return ops.apply_rope(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+    def forward(self, x: torch.Tensor, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
                 row_pos: torch.Tensor) -> torch.Tensor:
-        """x: block rows [B, H]; ctx_k, ctx_v: [C, Hkv, D] keys/values of the context rows
-        (`kv` of ctx_i at position i; context rows are not carried through layers); row_pos
-        int64 [B]: RoPE positions of the rows. Returns the new rows [B, H]."""
-        if hasattr(self, "spine") and x.shape[0] > 1:
-            delta = self.spine(x[:-1])          # every row reads the states before this layer
-            x = torch.cat([x[:1], x[1:] + delta], dim=0)  # row 0 untouched
+        """x: block rows [S, B, H] of S streams; ctx_kv: per stream (k, v) [C_s, Hkv, D] of its
+        context rows (`kv` of ctx_i at position i; context rows are not carried through
+        layers); row_pos int64 [S, B]: RoPE positions of the rows. Returns new rows [S, B, H].
+        Streams share the linears; each attends only to its own context and block."""
+        if hasattr(self, "spine") and x.shape[1] > 1:
+            delta = self.spine(x[:, :-1])       # every row reads the states before this layer
+            x = torch.cat([x[:, :1], x[:, 1:] + delta], dim=1)  # row 0 untouched
         cfg, attn = self.cfg, self.self_attn
-        q = attn.q_proj(self.input_layernorm(x)).view(1, x.shape[0], cfg.num_attention_heads,
-                                                      cfg.head_dim)
-        cq, sq = ops.rope_cos_sin(row_pos, cfg.head_dim, cfg.rope_theta)
-        q = ops.apply_rope(q, cq, sq)
-        rk, rv = self.kv(x, row_pos)
-        k, v = torch.cat([ctx_k, rk])[None], torch.cat([ctx_v, rv])[None]
-        ranges = [(0, ctx_k.shape[0] + j + 1) for j in range(x.shape[0])]  # context + rows 0..j
-        a = ops.attention(q, k, v, ranges)[0].reshape(x.shape[0], -1)
-        x = x + attn.o_proj(a)
+        s, b, h = x.shape
+        pos = row_pos.reshape(-1)
+        q = attn.q_proj(self.input_layernorm(x)).view(s * b, cfg.num_attention_heads, cfg.head_dim)
+        cq, sq = ops.rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+        q = ops.apply_rope(q, cq, sq).view(s, b, cfg.num_attention_heads, cfg.head_dim)
+        rk, rv = self.kv(x.reshape(s * b, h), pos)
+        rk, rv = rk.view(s, b, *rk.shape[1:]), rv.view(s, b, *rv.shape[1:])
+        out = []
+        for i, (ck, cv) in enumerate(ctx_kv):
+            k, v = torch.cat([ck, rk[i]])[None], torch.cat([cv, rv[i]])[None]
+            ranges = [(0, ck.shape[0] + j + 1) for j in range(b)]  # context + rows 0..j
+            out.append(ops.attention(q[i][None], k, v, ranges)[0].reshape(b, -1))
+        x = x + attn.o_proj(torch.stack(out))
         return x + self.mlp(self.post_attention_layernorm(x))

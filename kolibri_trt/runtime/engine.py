@@ -213,19 +213,16 @@ class LLMEngine:
         return outputs
 
     def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
-        """Drafts for every running stream that is past its prefill."""
-        out = {}
+        """Drafts for every running stream that is past its prefill (one batched round)."""
+        items = []
         for seq in self.scheduler.running:
             if seq.num_pending != 1:
                 continue
             proc = self.requests[seq.request_id][1]
             room = min(proc.max_new_tokens - len(seq.output_token_ids) - 1,
                        self.args.max_model_len - seq.num_tokens - 1)
-            tokens = seq.prompt_token_ids + seq.output_token_ids
-            d, src = self.speculator.propose(seq.request_id, tokens, room)
-            if d:
-                out[seq.request_id] = (d, src)
-        return out
+            items.append((seq.request_id, seq.prompt_token_ids + seq.output_token_ids, room))
+        return self.speculator.propose_all(items)
 
     def _observe(self, seq: Sequence, start: int, taps, first: int, n: int,
                  committed: list[int]) -> None:

@@ -79,18 +79,25 @@ class DrafterProposer:
             st.fused, st.offset = st.fused[drop:], st.offset + drop
 
     @torch.no_grad()
-    def propose(self, request_id: str, tokens: list[int]) -> list[int]:
-        """Drafts after `tokens` (the stream's prompt + output; the newest token is the
-        anchor's next token). Returns [] if the stream has no observed position yet."""
-        st = self.streams.get(request_id)
-        if st is None or st.num_positions != len(tokens) - 1:
-            return []
-        p = st.num_positions - 1
-        self._extend_context(st, tokens, p)
-        fused_p = st.fused[-1]
-        next_p = torch.tensor(tokens[p + 1], device=fused_p.device)
-        drafts, _ = self.drafter.propose_cached(fused_p, next_p, p, st.kv, self.depth)
-        return drafts.tolist()
+    def propose_batch(self, items: list[tuple[str, list[int]]]) -> dict[str, list[int]]:
+        """Drafts for several streams in one batched drafter pass per depth step.
+
+        items: (request_id, tokens = prompt + output; the newest token is the anchor's next
+        token). Streams whose committed positions do not reach the anchor yet get none."""
+        ready = []
+        for rid, tokens in items:
+            st = self.streams.get(rid)
+            if st is not None and st.num_positions == len(tokens) - 1:
+                p = st.num_positions - 1
+                self._extend_context(st, tokens, p)
+                ready.append((rid, st, p, tokens[p + 1]))
+        if not ready:
+            return {}
+        fused = torch.stack([st.fused[-1] for _, st, _, _ in ready])
+        nxt = torch.tensor([t for *_, t in ready], device=fused.device)
+        drafts, _ = self.drafter.propose_cached(fused, nxt, [p for _, _, p, _ in ready],
+                                                [st.kv for _, st, _, _ in ready], self.depth)
+        return {rid: row.tolist() for (rid, *_), row in zip(ready, drafts)}
 
     def _extend_context(self, st: DrafterStream, tokens: list[int], p: int) -> None:
         """Cache context rows for positions kv_end .. p - 1 (their next token is known)."""

@@ -44,22 +44,35 @@ class Speculator:
         if self.drafter is not None:
             self.drafter.reset(request_id)
 
-    def propose(self, request_id: str, tokens: list[int], room: int
-                ) -> tuple[list[int], list[str]]:
-        """Drafts after the stream's tokens and the source of each; at most `room` drafts."""
-        k = min(self.limit, room)
-        if self.mode == "off" or k <= 0:
-            return [], []
-        if "copy" in self.mode:
-            drafts = self.copy[request_id].propose(k)
+    def propose_all(self, items: list[tuple[str, list[int], int]]
+                    ) -> dict[str, tuple[list[int], list[str]]]:
+        """Drafts for every stream of the round: items are (request_id, tokens = prompt +
+        output, room = most drafts allowed). Copy drafts first; the streams that got none
+        are drafted by the block drafter together, in one batched pass per depth step.
+        Returns request_id -> (drafts, source of each draft), for streams with drafts."""
+        out, misses = {}, []
+        for rid, tokens, room in items:
+            k = min(self.limit, room)
+            if self.mode == "off" or k <= 0:
+                continue
+            drafts = self.propose_copy(rid, tokens, k)
             if drafts:
-                return drafts, ["copy"] * len(drafts)
-        if self.needs_taps:
-            drafts = self.drafter.propose(request_id, tokens)[:k]
+                out[rid] = (drafts, ["copy"] * len(drafts))
+            elif self.needs_taps:
+                misses.append((rid, tokens, k))
+        if misses:
             b = self.drafter.drafter.config.block_size
-            return drafts, ["drafter_row0" if i % b == 0 else "drafter_rows1+"
-                            for i in range(len(drafts))]
-        return [], []
+            proposals = self.drafter.propose_batch([(rid, tokens) for rid, tokens, _ in misses])
+            for rid, _, k in misses:
+                drafts = proposals.get(rid, [])[:k]
+                if drafts:
+                    out[rid] = (drafts, ["drafter_row0" if i % b == 0 else "drafter_rows1+"
+                                         for i in range(len(drafts))])
+        return out
+
+    def propose_copy(self, request_id: str, tokens: list[int], k: int) -> list[int]:
+        """Copy drafts for one stream (up to k), or [] on a miss or without copy drafting."""
+        return self.copy[request_id].propose(k) if "copy" in self.mode else []
 
     def observe(self, request_id: str, start: int, taps: torch.Tensor | None,
                 committed: list[int]) -> None:
