@@ -3,14 +3,22 @@
     kolibri-trt generate --engine DIR (--prompt TEXT | --prompts-file JSONL) [--per-category N]
         [--limit N] [--max-tokens N] [--temperature T] [--seed S] [--stream] [--speculative MODE]
         [--max-num-seqs N]
+    kolibri-trt serve --engine DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+        [--speculative MODE] [--max-num-seqs N] [--max-model-len N] [--kv-cache-memory BYTES]
+        [--max-waiting N] [--served-model-name NAME]
     kolibri-trt make-fixtures [--out DIR] [--seed N] [--force]
     kolibri-trt reference-generate --model DIR (--prompt TEXT | --prompts-file JSONL)
         [--per-category N] [--limit N] [--max-tokens N] [--temperature T] [--seed S]
+    kolibri-trt triton-repo --engine DIR --out DIR [--speculative MODE] [--max-num-seqs N]
+        [--max-model-len N] [--kv-cache-memory BYTES] [--max-waiting N] [--instances N]
+        [--model-name NAME] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import sys
 import time
 from pathlib import Path
@@ -100,6 +108,62 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _triton_repo(args: argparse.Namespace) -> int:
+    from .serving.triton_repo import ModelOptions, write_model_repository
+
+    options = ModelOptions(args.engine, speculative=args.speculative,
+                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                           kv_cache_memory=args.kv_cache_memory, max_waiting=args.max_waiting)
+    out = write_model_repository(args.out, options, model_name=args.model_name,
+                                 instances=args.instances, force=args.force)
+    print(f"wrote {out / args.model_name} (config.pbtxt, 1/model.py) for engine "
+          f"{options.engine_dir.resolve()}, speculative={args.speculative}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .runtime.engine import EngineArgs
+    from .serving.openai_server import serve
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("KOLIBRI_TRT_API_KEY")
+    if not _is_loopback(args.host) and not api_key:
+        print(f"kolibri-trt serve: warning: listening on {args.host} without an API key",
+              file=sys.stderr)
+    engine_args = EngineArgs(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                             kv_cache_memory=args.kv_cache_memory)
+    serve(args.engine, host=args.host, port=args.port, api_key=api_key or None,
+          speculative=args.speculative, engine_args=engine_args, max_waiting=args.max_waiting,
+          model_name=args.served_model_name)
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _serve_parser(sub) -> None:
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, "
+                        "streaming, /metrics)")
+    sv.add_argument("--engine", type=Path, required=True, help="folder written by build.py")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on "
+                    "/v1 routes (default: $KOLIBRI_TRT_API_KEY, else no key)")
+    sv.add_argument("--speculative", default="copy+drafter",
+                    help="off | copy | drafter | copy+drafter")
+    sv.add_argument("--max-num-seqs", type=int, default=8)
+    sv.add_argument("--max-model-len", type=int, default=4096)
+    sv.add_argument("--kv-cache-memory", type=int, default=1 << 30, help="bytes")
+    sv.add_argument("--max-waiting", type=int, default=128,
+                    help="requests waiting for admission before new ones get 503")
+    sv.add_argument("--served-model-name", default=None,
+                    help="the `model` requests must name (default: the engine folder's name)")
+    sv.set_defaults(func=_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kolibri-trt", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="off | copy | drafter | copy+drafter")
     gen.add_argument("--max-num-seqs", type=int, default=8)
     gen.set_defaults(func=_generate)
+    _serve_parser(sub)
 
     fx = sub.add_parser("make-fixtures", help="write the scaled-down default target + drafter")
     fx.add_argument("--out", type=Path, default=DEFAULT_DIR)
@@ -123,6 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--model", type=Path, required=True, help="Kolibri-1 checkpoint folder")
     _prompt_args(rg)
     rg.set_defaults(func=_reference_generate)
+
+    tr = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository "
+                        "(Python backend, streaming) serving a built engine")
+    tr.add_argument("--engine", type=Path, required=True, help="folder written by build.py")
+    tr.add_argument("--out", type=Path, required=True, help="model repository folder")
+    tr.add_argument("--speculative", default="copy+drafter",
+                    help="off | copy | drafter | copy+drafter")
+    tr.add_argument("--max-num-seqs", type=int, default=8, help="streams decoded together")
+    tr.add_argument("--max-model-len", type=int, default=4096)
+    tr.add_argument("--kv-cache-memory", type=int, default=1 << 30, help="bytes")
+    tr.add_argument("--max-waiting", type=int, default=256,
+                    help="queued requests beyond the batch before new ones get UNAVAILABLE")
+    tr.add_argument("--instances", type=int, default=1, help="model instances (one engine each)")
+    tr.add_argument("--model-name", default="kolibri")
+    tr.add_argument("--force", action="store_true", help="replace an existing folder")
+    tr.set_defaults(func=_triton_repo)
     return parser
 
 

@@ -1,6 +1,7 @@
 """`python build.py --target gb10|h100|h200|cpu [--model DIR --drafter DIR] [--out DIR]
 [--weights fp8-nvfp4|bf16] [--kv-cache hadamard-int4|int4|fp8|bf16] [--force] [--export-onnx]
-[--report]`: build an engine folder; the engine path is printed last, on stdout."""
+[--report] [--triton-repo DIR]`: build an engine folder; the engine path is printed last, on
+stdout. --triton-repo also writes a Triton Inference Server model repository serving it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true",
                    help="print stage timings and a full-size (77B) estimate to stderr")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--triton-repo", type=Path, metavar="DIR",
+                   help="also write a Triton Inference Server model repository (model "
+                   "'kolibri', Python backend, streaming) for the engine into DIR; "
+                   "`kolibri-trt triton-repo` does it for an existing engine with more options")
     p.add_argument("--recipes", type=Path, default=RECIPES_DIR, help=argparse.SUPPRESS)
     return p
 
@@ -44,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                         out=args.out, weights=args.weights, kv_cache=args.kv_cache,
                         force=args.force, export_onnx=args.export_onnx,
                         progress=not args.no_progress, recipes_dir=args.recipes)
+    if args.triton_repo is not None and args.triton_repo.exists() and not args.force:
+        print(f"build.py: error: --triton-repo: output folder {args.triton_repo} exists; pass "
+              "--force to replace it", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     try:
         out, stats = build_engine(opts)
@@ -53,6 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("build.py: interrupted; nothing was written", file=sys.stderr)
         return 130
+    if args.triton_repo is not None:
+        from ..serving.triton_repo import ModelOptions, write_model_repository
+        try:
+            repo = write_model_repository(args.triton_repo, ModelOptions(out), force=args.force)
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            print(f"build.py: error: --triton-repo: {exc} (the engine {out} was built)",
+                  file=sys.stderr)
+            return 2
+        print(f"wrote Triton model repository {repo}", file=sys.stderr)
     if args.report:
         from .estimate import format_report
         calib = stats.stages.get("calibrate")
