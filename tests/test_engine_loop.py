@@ -49,11 +49,12 @@ def test_abandoned_async_stream_is_aborted_and_frees_blocks(llm):
     loop = EngineLoop(llm.engine)
     try:
         async def take_two():
-            n = 0
-            async for _ in loop.astream(PROMPTS[4], SamplingParams(max_tokens=200, ignore_eos=True)):
+            n, stream = 0, loop.astream(PROMPTS[4], SamplingParams(max_tokens=200, ignore_eos=True))
+            async for _ in stream:
                 n += 1
                 if n == 2:
                     break
+            await stream.aclose()          # what a server does when its client goes away
             return n
         assert asyncio.run(take_two()) == 2
         for _ in range(600):     # the engine thread handles the abort after its current step
@@ -72,5 +73,20 @@ def test_bad_requests_and_a_full_queue(llm):
             loop.submit("hi", SamplingParams(), lambda item: None)
         with pytest.raises(ValueError, match="prompt"):
             loop.submit([], SamplingParams(), lambda item: None)
+    finally:
+        loop.close()
+
+
+def test_a_failing_consumer_never_stops_the_engine_thread(llm):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    expected = llm.generate(PROMPTS[1], params)[0].token_ids   # before the loop owns the engine
+    loop = EngineLoop(llm.engine)
+    try:
+        def broken(item):
+            raise RuntimeError("consumer gone")
+        loop.submit(PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True), broken)
+        steps = list(loop.stream(PROMPTS[1], params))
+        assert steps[-1].output.finished and loop._thread.is_alive()
+        assert steps[-1].output.token_ids == expected
     finally:
         loop.close()

@@ -126,7 +126,16 @@ class EngineLoop:
                 if step.output.finished:
                     self._callbacks.pop(step.request_id, None)
                 if cb is not None:
-                    cb(step)
+                    self._deliver(step.request_id, cb, step)
+
+    def _deliver(self, request_id: str, cb: Callback, item) -> None:
+        """Run a front end's callback; if it fails (e.g. its event loop is gone), the request
+        is aborted: a broken consumer never stops the engine thread."""
+        try:
+            cb(item)
+        except Exception:
+            self.engine.abort(request_id)
+            self._callbacks.pop(request_id, None)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -144,10 +153,10 @@ class EngineLoop:
                 self.engine.add_request(item.prompt, item.params, item.request_id)
                 self._callbacks[item.request_id] = item.callback
             except Exception as exc:
-                item.callback(exc)
+                self._deliver(item.request_id, item.callback, exc)
 
     def _fail_all(self, exc: Exception) -> None:
         for rid, cb in list(self._callbacks.items()):
             self.engine.abort(rid)
-            cb(RuntimeError(f"engine step failed: {exc}"))
+            self._deliver(rid, cb, RuntimeError(f"engine step failed: {exc}"))
         self._callbacks.clear()
