@@ -103,6 +103,10 @@ def _generate(args: argparse.Namespace) -> int:
     if n is not None:
         print(f"{len(prompts)} requests, {n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s "
               f"(max_num_seqs={args.max_num_seqs}, speculative={args.speculative})")
+    else:
+        n = llm.engine.stats.tokens
+        print(f"{len(prompts)} requests streamed one after another, {n} tokens in {dt:.2f} s: "
+              f"{n / dt:.1f} tokens/s (speculative={args.speculative})")
     if args.speculative != "off":
         print(f"speculative decoding: {llm.engine.stats.summary()}")
     return 0
