@@ -31,16 +31,14 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from kolibri_trt import LLM, SamplingParams
 from kolibri_trt.serving import EngineLoop
-from kolibri_trt.serving.triton_repo import (
-    MODEL_FILE,
+from kolibri_trt.serving.triton_frontend import (
     BadRequest,
     ModelClosing,
-    ModelOptions,
     TritonFrontEnd,
     decode_request,
     error_kind,
-    write_model_repository,
 )
+from kolibri_trt.serving.triton_repo import MODEL_FILE, ModelOptions, write_model_repository
 
 from runtime_engines import small_target, write_engine
 from test_runtime import PROMPTS

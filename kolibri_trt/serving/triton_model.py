@@ -2,7 +2,7 @@
 
 Copied into the model repository as `kolibri/1/model.py` by `kolibri-trt triton-repo` or
 `build.py --triton-repo`. Thin on purpose: decode the request, hand it to the runtime, send
-the responses; the logic is `kolibri_trt.serving.triton_repo`, imported from the Python
+the responses; the logic is `kolibri_trt.serving.triton_frontend`, imported from the Python
 environment that runs the backend stub (put the venv's `bin` first on PATH).
 """
 
@@ -10,7 +10,8 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from kolibri_trt.serving.triton_repo import ModelOptions, TritonFrontEnd, error_kind
+from kolibri_trt.serving.triton_frontend import TritonFrontEnd, error_kind
+from kolibri_trt.serving.triton_repo import ModelOptions
 
 
 class _Sender:
