@@ -14,17 +14,14 @@ query rows); attn_combine merges the partitions in a fixed order (batch invarian
 
 from __future__ import annotations
 
-import torch
 
-from kolibri_trt_plugins._common import jit, launch, tl
-from kolibri_trt_plugins._paged import BLOCK_M, HEAD_DIM, num_splits, partial_buffers
-from kolibri_trt_plugins.attn_combine import attn_combine
+from kolibri_trt_plugins._common import jit, tl
+from kolibri_trt_plugins._paged import launch_paged
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 128  # keys per inner step (H200 sweep, plugins/NOTES.md)
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-LOG2E = 1.4426950408889634
 
 
 @jit
@@ -138,18 +135,6 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
 
 def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
-    total_q, hq, _ = q.shape
-    blk, hkv = k_codes.shape[1], k_codes.shape[2]
-    g = hq // hkv
-    ns = block_tables.shape[0]
-    splits = num_splits(max_seq_len, max_q_len, window, part)
-    rt = -(-max_q_len * g // BLOCK_M)
-    m, l, acc = partial_buffers(total_q, hq, splits, q.device)
-    if total_q == 0 or ns == 0:
-        return torch.empty_like(q)
-    launch(_int4_attn_kernel, (ns * hkv * rt, splits), q, k_codes, v_codes, k_meta, v_meta,
-           block_tables, seq_lens, cu_q_lens, m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g,
-           splits, rt, block_tables.stride(0), int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M,
-           BLOCK_N=BLOCK_N, D=HEAD_DIM, USE_ASM=USE_ASM and not interpret, DOT_F32=interpret,
-           interpret=interpret, **TUNE)
-    return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)
+    return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
+                        seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
+                        interpret, BLOCK_N, TUNE, USE_ASM=USE_ASM and not interpret)

@@ -14,10 +14,12 @@ from typing import Callable
 
 import torch
 
-from ._common import cdiv, check_tensor
+from ._common import cdiv, check_tensor, launch
+from .attn_combine import attn_combine
 
 HEAD_DIM = 128
 BLOCK_M = 16  # query rows (token x group head) per program: fixed, for batch invariance
+LOG2E = 1.4426950408889634  # the kernels use exp2: scores are pre-scaled by log2(e)
 
 
 def check_common(q, block_tables, seq_lens, cu_q_lens, num_kv_heads, block_size, max_seq_len,
@@ -96,3 +98,28 @@ def paged_attention_dense_ref(q, block_tables, seq_lens, cu_q_lens, block_size: 
 def default_sm_scale() -> float:
     """1/sqrt(head_dim): the softmax scale when the caller did not fold it into the query."""
     return 1.0 / math.sqrt(HEAD_DIM)
+
+
+def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm_scale: float,
+                 max_seq_len: int, max_q_len: int, window: int, part: int, interpret: bool,
+                 block_n: int, tune: dict, **constexprs) -> torch.Tensor:
+    """Launch one split-KV paged-attention kernel and merge its partials (`attn_combine`).
+
+    caches: the four cache tensors the kernel reads after q (FP8: k, v, k_scale, v_scale;
+    INT4: k_codes, v_codes, k_meta, v_meta); caches[0] is [num_blocks, BLOCK, Hkv, ...].
+    Grid: (streams x KV heads x query-row tiles, splits). Returns bf16 like q.
+    """
+    total_q, hq, _ = q.shape
+    blk, hkv = caches[0].shape[1], caches[0].shape[2]
+    g = hq // hkv
+    ns = block_tables.shape[0]
+    splits = num_splits(max_seq_len, max_q_len, window, part)
+    rt = -(-max_q_len * g // BLOCK_M)
+    m, l, acc = partial_buffers(total_q, hq, splits, q.device)
+    if total_q == 0 or ns == 0:
+        return torch.empty_like(q)
+    launch(kernel, (ns * hkv * rt, splits), q, *caches, block_tables, seq_lens, cu_q_lens,
+           m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g, splits, rt, block_tables.stride(0),
+           int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M, BLOCK_N=block_n, D=HEAD_DIM,
+           DOT_F32=interpret, interpret=interpret, **constexprs, **tune)
+    return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)

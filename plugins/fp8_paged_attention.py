@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, launch, tl
-from ._paged import (BLOCK_M, HEAD_DIM, check_common, default_sm_scale, num_splits,
-                     paged_attention_dense_ref, partial_buffers)
-from .attn_combine import attn_combine
+from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
+from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
+                     paged_attention_dense_ref)
 
 PART = 256  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 64  # keys per inner step (H200 sweep, plugins/NOTES.md)
 TUNE = dict(num_warps=4, num_stages=2)  # launch config (bench/plugins.py sweeps it)
-LOG2E = 1.4426950408889634
 
 
 @jit
@@ -124,20 +122,9 @@ def _(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, 
 
 def _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
-    total_q, hq, _ = q.shape
-    blk, hkv = k_cache.shape[1], k_cache.shape[2]
-    g = hq // hkv
-    ns = block_tables.shape[0]
-    splits = num_splits(max_seq_len, max_q_len, window, part)
-    rt = -(-max_q_len * g // BLOCK_M)
-    m, l, acc = partial_buffers(total_q, hq, splits, q.device)
-    if total_q == 0 or ns == 0:
-        return torch.empty_like(q)
-    launch(_fp8_attn_kernel, (ns * hkv * rt, splits), q, k_cache, v_cache, k_scale, v_scale,
-           block_tables, seq_lens, cu_q_lens, m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g,
-           splits, rt, block_tables.stride(0), int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M,
-           BLOCK_N=BLOCK_N, D=HEAD_DIM, DOT_F32=interpret, interpret=interpret, **TUNE)
-    return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)
+    return launch_paged(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale), block_tables,
+                        seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
+                        interpret, BLOCK_N, TUNE)
 
 
 def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens,

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, tl
-from ._paged import (BLOCK_M, HEAD_DIM, check_common, default_sm_scale, num_splits,
-                     paged_attention_dense_ref, partial_buffers)
-from .attn_combine import attn_combine
+from ._common import NAMESPACE, check_tensor, jit, kernel_path, tl
+from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
+                     paged_attention_dense_ref)
 from .qk_norm_fold_int4 import dequantize_int4_ref
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
@@ -32,7 +31,6 @@ USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, 
 K_IN_REGS = True  # decode K in the MMA operand registers (True) or in the load layout (False)
 V_IN_REGS = False  # the same for V (True: byte gathers from shared memory; False: fp16 staging)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-LOG2E = 1.4426950408889634
 
 
 @jit
@@ -219,22 +217,10 @@ def _(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens, sm
 
 def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
-    total_q, hq, _ = q.shape
-    blk, hkv = k_codes.shape[1], k_codes.shape[2]
-    g = hq // hkv
-    ns = block_tables.shape[0]
-    splits = num_splits(max_seq_len, max_q_len, window, part)
-    rt = -(-max_q_len * g // BLOCK_M)
-    m, l, acc = partial_buffers(total_q, hq, splits, q.device)
-    if total_q == 0 or ns == 0:
-        return torch.empty_like(q)
-    launch(_int4_attn_kernel, (ns * hkv * rt, splits), q, k_codes, v_codes, k_meta, v_meta,
-           block_tables, seq_lens, cu_q_lens, m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g,
-           splits, rt, block_tables.stride(0), int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M,
-           BLOCK_N=BLOCK_N, D=HEAD_DIM, USE_ASM=USE_ASM and not interpret, K_IN_REGS=K_IN_REGS,
-           V_IN_REGS=V_IN_REGS, DOT_F32=interpret,
-           interpret=interpret, **TUNE)
-    return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)
+    return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
+                        seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
+                        interpret, BLOCK_N, TUNE, USE_ASM=USE_ASM and not interpret,
+                        K_IN_REGS=K_IN_REGS, V_IN_REGS=V_IN_REGS)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
