@@ -6,7 +6,6 @@ requests, a clean stop that leaves nothing in /dev/shm."""
 
 from __future__ import annotations
 
-import filecmp
 import glob
 import json
 import os
@@ -25,253 +24,14 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from kolibri_trt import LLM, SamplingParams
-from kolibri_trt.serving import EngineLoop
-from kolibri_trt.serving.triton_frontend import (
-    BadRequest,
-    ModelClosing,
-    TritonFrontEnd,
-    decode_request,
-    error_kind,
-)
-from kolibri_trt.serving.triton_repo import MODEL_FILE, ModelOptions, write_model_repository
+from kolibri_trt import SamplingParams
 
-from runtime_engines import small_target, write_engine
 from test_runtime import PROMPTS
 
-KV_BYTES = 64 << 20
-TIMEOUT = 60.0  # seconds, for any one request
-
-
-# ---- fixtures ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> Path:
-    return write_engine(tmp_path_factory.mktemp("triton_engine"), small_target())
-
-
-@pytest.fixture(scope="module")
-def llm(engine):
-    return LLM(engine, speculative="copy", kv_cache_memory=KV_BYTES)
-
-
-def _generate(llm, prompts, params):
-    """`llm.generate` on a worker thread, like the server's engine loop. (On the main thread,
-    with torch's 2 OpenMP threads on a busy 2-core machine, the same call was measured up to
-    ~150x slower: 188 s against 1.2 s for 8 prompts x 32 tokens.)"""
-    out: list = []
-    worker = threading.Thread(target=lambda: out.append(llm.generate(prompts, params)))
-    worker.start()
-    worker.join(10 * TIMEOUT)
-    assert out, "llm.generate did not finish"
-    return out[0]
-
-
-def _config(repo: Path, name: str = "kolibri") -> model_config_pb2.ModelConfig:
-    return text_format.Parse((repo / name / "config.pbtxt").read_text(),
-                             model_config_pb2.ModelConfig())
-
-
-# ---- the repository ---------------------------------------------------------------------------
-def test_repository_is_a_valid_decoupled_python_model(engine, tmp_path):
-    repo = write_model_repository(tmp_path / "repo", ModelOptions(engine, speculative="copy"))
-    cfg = _config(repo)
-    assert (cfg.name, cfg.backend, cfg.max_batch_size) == ("kolibri", "python", 1)
-    assert cfg.model_transaction_policy.decoupled
-    assert {i.name: model_config_pb2.DataType.Name(i.data_type) for i in cfg.input} == {
-        "text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32", "temperature": "TYPE_FP32",
-        "top_p": "TYPE_FP32", "top_k": "TYPE_INT32", "random_seed": "TYPE_UINT64",
-        "stop_words": "TYPE_STRING", "bad_words": "TYPE_STRING", "end_id": "TYPE_INT32",
-        "pad_id": "TYPE_INT32", "stream": "TYPE_BOOL", "speculative": "TYPE_STRING"}
-    assert [o.name for o in cfg.output] == ["text_output", "finish_reason", "acceptance_rate",
-                                            "total_accepted_draft_tokens", "total_draft_tokens",
-                                            "acceptance_length"]
-    assert filecmp.cmp(repo / "kolibri" / "1" / "model.py", MODEL_FILE, shallow=False)
-    # what Triton hands to initialize() (the config as JSON) gives back the options
-    as_json = json_format.MessageToDict(cfg, preserving_proto_field_name=True)
-    opts = ModelOptions.from_model_config(as_json)
-    assert opts == ModelOptions(engine.resolve(), speculative="copy")
-
-
-def test_repository_errors(engine, tmp_path):
-    with pytest.raises(ValueError, match="speculative: unknown mode 'fast'"):
-        ModelOptions(engine, speculative="fast")
-    with pytest.raises(ValueError, match="max_num_seqs"):
-        ModelOptions(engine, max_num_seqs=0)
-    with pytest.raises(FileNotFoundError, match="manifest.json"):
-        write_model_repository(tmp_path / "r", ModelOptions(tmp_path))
-    (tmp_path / "taken").mkdir()
-    with pytest.raises(FileExistsError, match="--force"):
-        write_model_repository(tmp_path / "taken", ModelOptions(engine))
-    write_model_repository(tmp_path / "taken", ModelOptions(engine), force=True)
-    assert (tmp_path / "taken" / "kolibri" / "config.pbtxt").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary left
-    with pytest.raises(ValueError, match="unknown"):
-        ModelOptions.from_model_config({"parameters": {"engine_dir": {"string_value": "x"},
-                                                       "bogus": {"string_value": "1"}}})
-    with pytest.raises(ValueError, match="speculative: unknown mode"):
-        ModelOptions.from_model_config({"parameters": {"engine_dir": {"string_value": "x"},
-                                                       "speculative": {"string_value": "y"}}})
-
-
-def test_cli_triton_repo_and_build_option(engine, tmp_path):
-    from kolibri_trt.builder.cli import main as build_main
-    from kolibri_trt.cli import main
-
-    assert main(["triton-repo", "--engine", str(engine), "--out", str(tmp_path / "a"),
-                 "--speculative", "off", "--max-num-seqs", "4", "--instances", "2"]) == 0
-    cfg = _config(tmp_path / "a")
-    assert cfg.parameters["speculative"].string_value == "off"
-    assert cfg.parameters["max_num_seqs"].string_value == "4"
-    assert cfg.instance_group[0].count == 2
-    assert main(["triton-repo", "--engine", str(engine), "--out", str(tmp_path / "b"),
-                 "--speculative", "fast"]) == 2
-    # build.py --triton-repo: the same checkpoints and recipes as the engine fixture
-    src = engine.parent
-    argv = ["--target", "cpu", "--model", str(src / "ckpt" / "target"), "--drafter",
-            str(src / "ckpt" / "drafter"), "--weights", "bf16", "--kv-cache", "bf16",
-            "--out", str(tmp_path / "engine"), "--no-progress", "--recipes", str(src / "recipes"),
-            "--triton-repo", str(tmp_path / "repo")]
-    assert build_main(argv) == 0
-    cfg = _config(tmp_path / "repo")
-    assert cfg.parameters["engine_dir"].string_value == str((tmp_path / "engine").resolve())
-    assert cfg.parameters["speculative"].string_value == "copy+drafter"
-    assert build_main(argv) == 2  # both exist: refused before building
-
-
-# ---- requests, without a server ---------------------------------------------------------------
-def _inputs(**values) -> dict[str, np.ndarray]:
-    """Request tensors as a Triton client sends them (batch dimension 1)."""
-    out = {}
-    for name, v in values.items():
-        if isinstance(v, np.ndarray):
-            out[name] = v
-        elif isinstance(v, (list, tuple)):
-            out[name] = np.array([[x.encode() if isinstance(x, str) else x for x in v]],
-                                 dtype=np.object_)
-        elif isinstance(v, (str, bytes)):
-            out[name] = np.array([[v.encode() if isinstance(v, str) else v]], dtype=np.object_)
-        elif isinstance(v, bool):
-            out[name] = np.array([[v]], dtype=bool)
-        elif isinstance(v, float):
-            out[name] = np.array([[v]], dtype=np.float32)
-        elif name == "random_seed":
-            out[name] = np.array([[v]], dtype=np.uint64)
-        else:
-            out[name] = np.array([[v]], dtype=np.int32)
-    return out
-
-
-def _decode(**values):
-    return decode_request(_inputs(**values).get, "copy")
-
-
-def test_decode_request():
-    req = _decode(text_input="Grüß Gott!", max_tokens=7, temperature=0.5, top_p=0.9, top_k=5,
-                  random_seed=2**64 - 1, stop_words=["", "\n\n"], bad_words=[""], stream=True,
-                  end_id=3, pad_id=0, speculative="copy")
-    assert req.prompt == "Grüß Gott!" and req.stream
-    p = req.params
-    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop) == (
-        7, 0.5, pytest.approx(0.9), 5, 2**64 - 1, ("\n\n",))
-    assert p.stop_token_ids == (3,) and p.ignore_eos
-    req = _decode(text_input="x", max_tokens=1)
-    assert not req.stream and req.params.greedy and req.params.stop == ()
-
-
-@pytest.mark.parametrize("values, message", [
-    ({"max_tokens": 4}, "text_input: required"),
-    ({"text_input": "x"}, "max_tokens: required"),
-    ({"text_input": "x", "max_tokens": -3}, "max_tokens: must be >= 1, got -3"),
-    ({"text_input": "x", "max_tokens": 0}, "max_tokens: must be >= 1"),
-    ({"text_input": b"\xff\xfe ok", "max_tokens": 4}, "text_input: not valid UTF-8"),
-    ({"text_input": ["a", "b"], "max_tokens": 4}, "text_input: one value per request"),
-    ({"text_input": "x", "max_tokens": 4, "speculative": "fast"},
-     "speculative: unknown mode 'fast'"),
-    ({"text_input": "x", "max_tokens": 4, "speculative": "drafter"},
-     "speculative: this model serves 'copy'"),
-    ({"text_input": "x", "max_tokens": 4, "temperature": -1.0}, "temperature: must be >= 0"),
-    ({"text_input": "x", "max_tokens": 4, "temperature": float("nan")},
-     "temperature: must be finite"),
-    ({"text_input": "x", "max_tokens": 4, "top_p": 1.5}, "top_p: must be in"),
-    ({"text_input": "x", "max_tokens": 4, "top_k": -1}, "top_k: must be >= 0"),
-    ({"text_input": "x", "max_tokens": 4, "stop_words": [b"\xc3"]}, "stop_words: not valid UTF-8"),
-    ({"text_input": "x", "max_tokens": 4, "bad_words": ["no"]}, "bad_words: not supported"),
-    ({"text_input": "x", "max_tokens": np.array([[1.5]], np.float32)},
-     "max_tokens: must be an integer"),
-])
-def test_decode_request_rejects(values, message):
-    with pytest.raises(BadRequest, match=message.replace("(", r"\(")) as info:
-        _decode(**values)
-    assert error_kind(info.value) == "INVALID_ARG"
-
-
-class FakeSender:
-    """Records what the front end sends for one request."""
-
-    def __init__(self, cancel_after: int | None = None):
-        self.sent: list[tuple[dict | None, BaseException | None, bool]] = []
-        self.done = threading.Event()
-        self.cancel_after = cancel_after
-
-    def send(self, outputs, error, final):
-        assert not self.done.is_set(), "a response after the final one"
-        self.sent.append((outputs, error, final))
-        if final:
-            self.done.set()
-
-    def is_cancelled(self):
-        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
-
-    def text(self) -> str:
-        return "".join(o["text_output"][0, 0].decode() for o, _, _ in self.sent if o)
-
-
-def test_front_end_streams_batches_cancels_and_closes(llm):
-    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=40 + i, ignore_eos=True,
-                             stop_token_ids=(1999,)) for i in range(4)]
-    offline = _generate(llm, PROMPTS[:4], params)
-    front = TritonFrontEnd(EngineLoop(llm.engine), "copy")
-    try:
-        senders = [FakeSender() for _ in range(4)]
-        for i, s in enumerate(senders):
-            front.submit(_inputs(text_input=PROMPTS[i], max_tokens=12, temperature=0.8,
-                                 random_seed=40 + i, end_id=1999, stream=i % 2 == 0).get, s)
-        for s in senders:
-            assert s.done.wait(TIMEOUT)
-        for i, (s, o) in enumerate(zip(senders, offline)):
-            assert s.text() == o.text and all(e is None for _, e, _ in s.sent)
-            last = s.sent[-1][0]
-            assert last["finish_reason"][0, 0].decode() == o.finish_reason
-            assert int(last["total_draft_tokens"][0, 0]) == sum(o.metrics.spec.proposed.values())
-            assert len(s.sent) > 1 if i % 2 == 0 else len(s.sent) == 1  # pieces / one
-
-        cancelled = FakeSender(cancel_after=1)
-        front.submit(_inputs(text_input=PROMPTS[4], max_tokens=400, stream=True).get, cancelled)
-        assert cancelled.done.wait(TIMEOUT)
-        assert cancelled.sent[-1] == (None, None, True)
-        for _ in range(500):
-            if not llm.engine.has_unfinished():
-                break
-            time.sleep(0.01)
-        assert llm.engine.usage()["kv_blocks_used"] == 0
-
-        with pytest.raises(BadRequest, match="text_input: prompt"):
-            front.submit(_inputs(text_input=" ".join(map(str, range(5000))),
-                                 max_tokens=4).get, FakeSender())
-        running = FakeSender()
-        front.submit(_inputs(text_input=PROMPTS[3], max_tokens=4000, end_id=1999).get, running)
-    finally:
-        front.close()
-    assert running.done.is_set() and isinstance(running.sent[-1][1], ModelClosing)
-    assert error_kind(running.sent[-1][1]) == "UNAVAILABLE" and front.num_live() == 0
-    with pytest.raises(ModelClosing):
-        front.submit(_inputs(text_input="x", max_tokens=4).get, FakeSender())
-    for rid in list(llm.engine.requests):
-        llm.engine.abort(rid)
+from triton_support import (KV_BYTES, TIMEOUT, engine, generate_on_worker,  # noqa: F401
+                            llm, model_config)
 
 
 # ---- a real tritonserver ----------------------------------------------------------------------
@@ -449,7 +209,7 @@ def _joined(responses: list[dict]) -> str:
 
 
 def test_server_http_generate_and_generate_stream(server, llm):
-    offline = _generate(llm, PROMPTS[0], SamplingParams(max_tokens=10))[0]
+    offline = generate_on_worker(llm, PROMPTS[0], SamplingParams(max_tokens=10))[0]
     r = _http("POST", f"{server.http}/v2/models/kolibri/generate",
               json={"text_input": PROMPTS[0], "max_tokens": 10})
     assert r.status_code == 200, r.text
@@ -459,7 +219,7 @@ def test_server_http_generate_and_generate_stream(server, llm):
     assert body["total_draft_tokens"] == sum(offline.metrics.spec.proposed.values())
     assert body["acceptance_length"] == pytest.approx(offline.metrics.spec.acceptance_length)
 
-    offline = _generate(llm, PROMPTS[7], SamplingParams(max_tokens=16, temperature=0.7, seed=9))[0]
+    offline = generate_on_worker(llm, PROMPTS[7], SamplingParams(max_tokens=16, temperature=0.7, seed=9))[0]
     with _http("POST", f"{server.http}/v2/models/kolibri/generate_stream",
                json={"text_input": PROMPTS[7], "max_tokens": 16, "temperature": 0.7,
                      "random_seed": 9, "stream": True, "bad_words": "", "stop_words": ""},
@@ -474,7 +234,7 @@ def test_server_http_generate_and_generate_stream(server, llm):
 
 def test_server_grpc_stream_equals_llm_generate(server, llm):
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=1234)
-    offline = _generate(llm, PROMPTS[1], params)[0]
+    offline = generate_on_worker(llm, PROMPTS[1], params)[0]
     responses, _, _ = _grpc_stream(server, _request(PROMPTS[1], 24, temperature=0.8, seed=1234))
     assert len(responses) > 1
     assert _joined(responses) == offline.text
@@ -491,7 +251,7 @@ def test_server_eight_concurrent_streams(server, llm):
     n, max_tokens = 8, 32
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.9, seed=500 + i)
               for i in range(n)]
-    offline = _generate(llm, PROMPTS, params)
+    offline = generate_on_worker(llm, PROMPTS, params)
     results: dict[int, tuple] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(n)
@@ -540,7 +300,7 @@ def test_server_bad_requests_get_errors_and_it_stays_up(server, llm):
               json={"max_tokens": 3, "speculative": "turbo"})
     assert r.status_code == 400 and "text_input: required" in r.json()["error"]
     assert _http("GET", f"{server.http}/v2/health/ready").status_code == 200
-    offline = _generate(llm, PROMPTS[6], SamplingParams(max_tokens=6))[0]
+    offline = generate_on_worker(llm, PROMPTS[6], SamplingParams(max_tokens=6))[0]
     responses, _, _ = _grpc_stream(server, _request(PROMPTS[6], 6))
     assert _joined(responses) == offline.text
 
