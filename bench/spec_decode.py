@@ -3,7 +3,7 @@ speculative = off / copy / drafter / copy+drafter at 1 and 4 streams, on Spec-Be
 and the number of requests whose tokens differ from speculative="off" (must be 0).
 
     python bench/spec_decode.py --engine engines/gb10 [--streams 1 4] [--max-tokens 64]
-        [--per-category 1] [--temperature 0] [--json out.json]
+        [--per-category 1] [--temperature 0] [--json out.json] [--device cuda]
 
 Streams: prompts are served `streams` at a time (max_num_seqs = streams); tokens/s counts
 generated tokens over wall time for the whole set. Numbers are what this machine measured.
@@ -23,8 +23,10 @@ from kolibri_trt.spec.metrics import SOURCES, SpecMetrics
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1].parent / "shared/data/prompts"
 
 
-def run(engine: Path, mode: str, streams: int, prompts: list, params: SamplingParams) -> dict:
-    llm = LLM(engine, speculative=mode, max_num_seqs=streams)
+def run(engine: Path, mode: str, streams: int, prompts: list, params: SamplingParams,
+        **llm_options) -> dict:
+    """One (mode, streams) run over `prompts`; llm_options go to `LLM` (device, ...)."""
+    llm = LLM(engine, speculative=mode, max_num_seqs=streams, **llm_options)
     ids = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p.text}])
            for p in prompts]
     llm.generate(ids[:1], SamplingParams(max_tokens=2))           # warm-up
@@ -56,11 +58,15 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda[:N]")
+    ap.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs")
     args = ap.parse_args()
     prompts = load_prompts(args.prompts_file, per_category=args.per_category)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed, ignore_eos=True)
-    rows = [run(args.engine, m, s, prompts, params) for s in args.streams for m in args.modes]
+    opts = {"device": args.device, "enforce_eager": args.enforce_eager}
+    rows = [run(args.engine, m, s, prompts, params, **opts)
+            for s in args.streams for m in args.modes]
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.category for p in prompts}))}), "
           f"{args.max_tokens} tokens each, temperature {args.temperature}")
     print(f"{'mode':<14}{'streams':>8}{'tok/s':>9}{'tau':>7}  {'mismatch':>8}  "

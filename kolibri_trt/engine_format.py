@@ -10,6 +10,12 @@
 <engine>/drafter/model.safetensors
 <engine>/drafter/draft_vocab.json
 ```
+A tensor-parallel build (`build.py --tp N`, manifest "tp_size": N > 1) stores the target's
+weights as one folder per rank instead, `<engine>/target/rank0/model.safetensors` ..
+`<engine>/target/rank{N-1}/...` (each a complete set of tensor names with the rank's slice:
+`kolibri_trt/builder/tp_shard.py` has the split rules); config.json, hf_quant_config.json and
+the tokenizer stay in `<engine>/target/` and describe the whole model. The drafter is never
+sharded.
 
 Tensor naming follows ModelOpt's Hugging Face export (`shared/notes/modelopt.md`), so that
 TensorRT-LLM, vLLM and SGLang can read the weights. For a linear `X` (a `...proj`, `fuse`,
@@ -51,7 +57,10 @@ manifest.json (schema_version 1):
   "sources": {relative source path: sha256 hex},   every file the build read
   "files": {relative engine path: sha256 hex},      every file the build wrote
   "written_by_modelopt": [tensor-name globs],
-  "written_by_kolibri_trt": [{"tensors": glob, "why": str}]
+  "written_by_kolibri_trt": [{"tensors": glob, "why": str}],
+  "tp_size": int >= 1,       tensor-parallel ranks the target is sharded for (absent in engines
+                             built before tensor parallelism: read as 1, the unsharded layout)
+  "tensor_parallel": {"shards": [...], ...descriptive}     only when tp_size > 1
 }
 """
 
@@ -68,6 +77,11 @@ FULL_KV_FORMATS = ("hadamard-int4", "int4", "fp8", "bf16")
 BUILD_TARGETS = ("gb10", "h100", "h200", "cpu")
 BLOCK_FP8_GROUP = 64      # inputs per block-FP8 scale (spec: block-drafter.md §Serving)
 NVFP4_GROUP = 16          # inputs per NVFP4 block scale (ModelOpt)
+
+
+def rank_dir(rank: int) -> str:
+    """The folder of rank `rank`'s target weights inside `target/` of a tensor-parallel engine."""
+    return f"rank{rank}"
 
 
 def target_weight_group(name: str) -> str:

@@ -9,6 +9,7 @@ Ops (module: public function):
     qk_norm_fold_int4: qk_norm_fold_int4      QK-norm + rotation fold, INT4 K/V cache write
     int4_paged_attention: int4_paged_attention paged attention over the rotated INT4 cache
     fp8_paged_attention: fp8_paged_attention   paged sliding-window attention, FP8 cache
+    fp8_kv_write: fp8_kv_write                 new K/V into the FP8 paged cache
     attn_combine: attn_combine                 split-KV merge used by both attention ops
     nvfp4_gemv: nvfp4_gemv                     NVFP4 weight-only GEMM (LM head, drafter head)
     fp8_gemv: fp8_gemv                         FP8 per-tensor / per-channel / block-1x64 GEMM
@@ -18,6 +19,7 @@ Ops (module: public function):
 
 from .attn_combine import attn_combine
 from .fp8_gemv import fp8_gemv
+from .fp8_kv_write import fp8_kv_write
 from .fp8_paged_attention import fp8_paged_attention
 from .int4_paged_attention import int4_paged_attention
 from .moe import moe_forward
@@ -26,6 +28,6 @@ from .nvfp4_gemv import nvfp4_gemv
 from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_int4
 
 __all__ = [
-    "attn_combine", "fp8_gemv", "fp8_paged_attention", "int4_paged_attention", "moe_forward",
+    "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention", "int4_paged_attention", "moe_forward",
     "moe_route", "nvfp4_gemv", "qk_norm_fold_int4", "fold_matrices", "hadamard_rotation",
 ]

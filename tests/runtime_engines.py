@@ -32,9 +32,10 @@ def small_drafter(target):
 
 
 def write_engine(folder: Path, model, drafter=None, weights: str = "bf16",
-                 kv_cache: str = "bf16") -> Path:
+                 kv_cache: str = "bf16", tp_size: int = 1) -> Path:
     """Save the checkpoints with the tokenizer and build an engine from them with build.py's
-    code (a short calibration set; bf16 + bf16: the unquantized engine of exact parity)."""
+    code (a short calibration set; bf16 + bf16: the unquantized engine of exact parity;
+    tp_size > 1: sharded for that many tensor-parallel ranks, folder suffix -tp{n})."""
     from kolibri_trt.builder import BuildOptions, build_engine
     from test_build_support import recipes_copy
 
@@ -45,9 +46,10 @@ def write_engine(folder: Path, model, drafter=None, weights: str = "bf16",
     recipes = folder / "recipes" if (folder / "recipes").is_dir() else recipes_copy(folder / "recipes")
     out, _ = build_engine(BuildOptions(target="cpu", model=folder / "ckpt" / "target",
                                        drafter=folder / "ckpt" / "drafter",
-                                       out=folder / f"engine-{weights}-{kv_cache}",
+                                       out=folder / (f"engine-{weights}-{kv_cache}"
+                                                     + (f"-tp{tp_size}" if tp_size > 1 else "")),
                                        weights=weights, kv_cache=kv_cache, progress=False,
-                                       recipes_dir=recipes))
+                                       recipes_dir=recipes, tp_size=tp_size))
     return out
 
 

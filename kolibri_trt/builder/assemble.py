@@ -29,6 +29,7 @@ from .manifest import hash_files, provenance, sha256_file
 from .quantize import round_amax_up
 from .recipes import load_calibration_set
 from .target import target_tensors
+from .tp_shard import tensor_parallel_manifest, write_target_shards
 
 
 def assemble(plan: Plan, tmp: Path, progress, opts: BuildOptions) -> None:
@@ -91,7 +92,10 @@ def _calibrate(plan: Plan, model, drafter, progress) -> tuple[Captures, float, d
 
 
 def _write_target(plan: Plan, d: Path, tensors: dict, formats: dict, shard: int | None) -> None:
-    save_tensors(d, tensors, max_shard_bytes=shard)
+    if plan.tp_size == 1:
+        save_tensors(d, tensors, max_shard_bytes=shard)
+    else:                       # one weight folder per tensor-parallel rank (tp_shard.py)
+        write_target_shards(d, tensors, plan.tp_size, shard)
     config = plan.cfg.to_dict()
     kv_algo = "FP8" if plan.kv.sliding == plan.kv.full == "fp8" else None
     if any(f is not None for f in formats.values()) or kv_algo is not None:
@@ -139,5 +143,8 @@ def _write_manifest(plan: Plan, tmp: Path, sources: dict, calib: dict | None, st
                                  "R in every full layer; softmax scale not folded"},
         "calibration": calib, "sources": src, "files": files,
         "written_by_modelopt": by_mo, "written_by_kolibri_trt": ours,
+        "tp_size": plan.tp_size,
     }
+    if plan.tp_size > 1:
+        manifest["tensor_parallel"] = tensor_parallel_manifest(plan.tp_size)
     write_json_atomic(tmp / ef.MANIFEST, manifest)

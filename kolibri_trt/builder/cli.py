@@ -1,7 +1,8 @@
 """`python build.py --target gb10|h100|h200|cpu [--model DIR --drafter DIR] [--out DIR]
-[--weights fp8-nvfp4|bf16] [--kv-cache hadamard-int4|int4|fp8|bf16] [--force] [--export-onnx]
-[--report] [--triton-repo DIR]`: build an engine folder; the engine path is printed last, on
-stdout. --triton-repo also writes a Triton Inference Server model repository serving it."""
+[--weights fp8-nvfp4|bf16] [--kv-cache hadamard-int4|int4|fp8|bf16] [--tp N] [--force]
+[--export-onnx] [--report] [--triton-repo DIR]`: build an engine folder; the engine path is
+printed last, on stdout. --triton-repo also writes a Triton Inference Server model repository
+serving it; --tp N shards the target for N tensor-parallel ranks."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default) or bf16")
     p.add_argument("--kv-cache", help="KV plan from build/kv-cache.toml: hadamard-int4 "
                    "(default), int4 (no rotation), fp8 or bf16")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism: write the target as N per-rank shards "
+                   "(target/rank0 .. rank{N-1}); load with LLM(..., tensor_parallel_size=N)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--export-onnx", action="store_true",
                    help="also write the drafter's one-pass graph to <out>/onnx/")
@@ -48,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = BuildOptions(target=args.target, model=args.model, drafter=args.drafter,
                         out=args.out, weights=args.weights, kv_cache=args.kv_cache,
                         force=args.force, export_onnx=args.export_onnx,
-                        progress=not args.no_progress, recipes_dir=args.recipes)
+                        progress=not args.no_progress, recipes_dir=args.recipes,
+                        tp_size=args.tp)
     if args.triton_repo is not None and args.triton_repo.exists() and not args.force:
         print(f"build.py: error: --triton-repo: output folder {args.triton_repo} exists; pass "
               "--force to replace it", file=sys.stderr)

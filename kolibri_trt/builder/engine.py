@@ -43,7 +43,8 @@ DEFAULT_SHARD_BYTES = 5 * 2**30
 class BuildOptions:
     """What to build. model / drafter: checkpoint folders (None: the embedded default
     fixtures, made first if missing); out: engine folder (None: engines/<target>); weights /
-    kv_cache: recipe and plan names (None: the files' defaults)."""
+    kv_cache: recipe and plan names (None: the files' defaults); tp_size: tensor-parallel
+    ranks the target is sharded for (1: unsharded; `tp_shard.py`)."""
 
     target: str
     model: Path | None = None
@@ -56,6 +57,7 @@ class BuildOptions:
     progress: bool = True
     recipes_dir: Path = RECIPES_DIR
     max_shard_bytes: int | None = DEFAULT_SHARD_BYTES
+    tp_size: int = 1
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Plan:
     dcfg: DrafterConfig
     recipes_dir: Path
     stats: BuildStats = field(default_factory=BuildStats)
+    tp_size: int = 1
 
 
 def resolve(opts: BuildOptions) -> Plan:
@@ -80,7 +83,8 @@ def resolve(opts: BuildOptions) -> Plan:
     Raises:
         BuildError: unknown target / recipe / plan, a combination the target does not
             accept, an existing output without `force`, --drafter without --model, a
-            checkpoint that is already quantized, a KV plan the head_dim cannot take.
+            checkpoint that is already quantized, a KV plan the head_dim cannot take, a
+            --tp the target does not accept or the model cannot be split by.
         CheckpointError: a checkpoint that is not Kolibri-1 or a drafter that does not fit.
     """
     spec = load_target(opts.target, opts.recipes_dir)
@@ -100,13 +104,30 @@ def resolve(opts: BuildOptions) -> Plan:
         raise BuildError(f"{cfg.source}: has a quantization_config; the builder needs the bf16 "
                          "release checkpoint, not an engine or a quantized export")
     check_kv_plan(cfg, kv)
+    _check_tp(opts.tp_size, spec, cfg, recipe)
     if not (model_dir / "tokenizer.json").is_file():
         raise BuildError(f"{model_dir / 'tokenizer.json'}: missing; the engine carries the "
                          "checkpoint's tokenizer")
     dcfg = DrafterConfig.from_json(drafter_dir / "config.json")
-    plan = Plan(spec, recipe, kv, model_dir, drafter_dir, out, cfg, dcfg, Path(opts.recipes_dir))
+    plan = Plan(spec, recipe, kv, model_dir, drafter_dir, out, cfg, dcfg, Path(opts.recipes_dir),
+                tp_size=opts.tp_size)
     check_drafter_fits(plan)
     return plan
+
+
+def _check_tp(tp_size, spec: TargetSpec, cfg: KolibriConfig, recipe: WeightsRecipe) -> None:
+    """BuildError naming --tp: not an accepted size of the target, or a model / recipe that
+    cannot be split that many ways (heads, intermediate sizes, quantization blocks)."""
+    from .tp_shard import check_tp
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise BuildError(f"--tp: must be an int >= 1, got {tp_size!r}")
+    if tp_size not in spec.tensor_parallel:
+        raise BuildError(f"--tp {tp_size} is not available for target {spec.name!r} (it "
+                         f"accepts {list(spec.tensor_parallel)})")
+    try:
+        check_tp(cfg, tp_size, recipe.target)
+    except ValueError as exc:
+        raise BuildError(f"--tp {tp_size}: {exc}") from None
 
 
 def _inputs(opts: BuildOptions) -> tuple[Path, Path]:

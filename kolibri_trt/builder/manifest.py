@@ -47,8 +47,8 @@ def validate_manifest(m: Any, where: str = ef.MANIFEST) -> None:
     """Check a parsed manifest against schema version 1.
 
     Raises:
-        BuildError: a missing key, a wrong type, an unknown target / format / KV kind, or a
-            malformed hash; the message names the key.
+        BuildError: a missing key, a wrong type, an unknown target / format / KV kind, a
+            bad tp_size, or a malformed hash; the message names the key.
     """
     def bad(key: str, msg: str) -> BuildError:
         return BuildError(f"{where}: key {key!r}: {msg}")
@@ -65,6 +65,7 @@ def validate_manifest(m: Any, where: str = ef.MANIFEST) -> None:
     if m["target"] not in ef.BUILD_TARGETS:
         raise bad("target", f"{m['target']!r} not in {list(ef.BUILD_TARGETS)}")
     _check_weights(m["weights"], bad)
+    _check_tp(m, bad)
     _check_kv(m["kv_cache"], bad)
     for key in ("sources", "files"):
         for name, digest in m[key].items():
@@ -81,6 +82,18 @@ def _check_weights(w: Mapping, bad) -> None:
         for group, fmt in groups.items():
             if fmt not in ef.WEIGHT_FORMATS:
                 raise bad(f"weights.{part}.{group}", f"unknown format {fmt!r}")
+
+
+def _check_tp(m: Mapping, bad) -> None:
+    """"tp_size" (optional: engines from before tensor parallelism have none) is an int >= 1;
+    a sharded engine (> 1) describes its shards under "tensor_parallel"."""
+    if "tp_size" not in m:
+        return
+    tp = m["tp_size"]
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise bad("tp_size", f"must be an integer >= 1, got {tp!r}")
+    if tp > 1 and not isinstance(m.get("tensor_parallel"), dict):
+        raise bad("tensor_parallel", f"missing: tp_size is {tp}")
 
 
 def _check_kv(kv: Mapping, bad) -> None:

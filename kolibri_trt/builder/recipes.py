@@ -96,7 +96,8 @@ def _pick(names: list[str], name: str, what: str, option: str, path: Path) -> st
 class TargetSpec:
     """One build target. gpu_arch: "sm_121" / "sm_90" or None (cpu); memory_gib: device memory
     (0 = host); kernels: role -> plugin module name or "reference"; dtypes: role -> torch dtype
-    name; weights / kv_cache: the recipe and plan names this target accepts."""
+    name; weights / kv_cache: the recipe and plan names this target accepts; tensor_parallel:
+    the tp sizes (`build.py --tp`) it accepts (GPUs of one host; 1 = unsharded)."""
 
     name: str
     description: str
@@ -107,11 +108,13 @@ class TargetSpec:
     kv_cache: tuple[str, ...]
     dtypes: dict[str, str] = field(hash=False)
     kernels: dict[str, str] = field(hash=False)
+    tensor_parallel: tuple[int, ...] = (1,)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "gpu_arch": self.gpu_arch,
                 "memory_gib": self.memory_gib, "nvfp4_native": self.nvfp4_native,
-                "dtypes": dict(self.dtypes), "kernels": dict(self.kernels)}
+                "dtypes": dict(self.dtypes), "kernels": dict(self.kernels),
+                "tensor_parallel": list(self.tensor_parallel)}
 
 
 def load_target(name: str, recipes_dir: Path = RECIPES_DIR) -> TargetSpec:
@@ -134,9 +137,18 @@ def load_target(name: str, recipes_dir: Path = RECIPES_DIR) -> TargetSpec:
         nvfp4_native=t.get("nvfp4_native", bool),
         weights=tuple(_str_list(t, "weights")), kv_cache=tuple(_str_list(t, "kv_cache")),
         dtypes=_str_table(t.table("dtypes"), ("activations", "accumulation")),
-        kernels=_str_table(t.table("kernels"), KERNEL_ROLES))
+        kernels=_str_table(t.table("kernels"), KERNEL_ROLES),
+        tensor_parallel=_tp_sizes(t, "tensor_parallel"))
     t.close()
     return spec
+
+
+def _tp_sizes(t: _Table, key: str) -> tuple[int, ...]:
+    value = t.get(key, list)
+    if not value or 1 not in value or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise t.error(key, f"must be a list of ints >= 1 that contains 1, got {value!r}")
+    return tuple(value)
 
 
 def _str_list(t: _Table, key: str) -> list[str]:

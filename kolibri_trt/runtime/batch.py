@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .metadata import StepMetadata
+from ..model.metadata import StepMetadata
 from .scheduler import ScheduledSeq
 
 

@@ -24,13 +24,16 @@ from ..spec.speculator import Speculator
 from ..spec.verify import verify
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
+from .cuda_graphs import PluginRunner
 from .engine_loader import Manifest, load_drafter, load_target
 from .kv_cache import CacheGeometry, KVCache, bytes_per_token, ring_blocks_needed
 from .model_runner import ModelRunner
 from .output import OutputProcessor, RequestOutput
+from .plugin_loader import load_plugin_target
 from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
 
+MODEL_IMPLS = ("auto", "reference", "plugins")
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,13 @@ class EngineArgs:
     max_num_batched_tokens: int = 512
     num_speculative_tokens: int = 8      # draft tokens per stream and pass, at most
     drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
+    model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
+    enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
 
     def __post_init__(self) -> None:
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl: must be one of {list(MODEL_IMPLS)}, got "
+                             f"{self.model_impl!r}")
         if self.drafter_depth is not None and (not isinstance(self.drafter_depth, int)
                                                or self.drafter_depth < 1):
             raise ValueError(f"drafter_depth: must be None or an int >= 1, got "
@@ -69,6 +77,19 @@ class StepOutput:
     new_token_ids: list[int]
     delta_text: str
     output: RequestOutput
+
+
+def _check_device(device: str | torch.device) -> torch.device:
+    """"cpu" or a CUDA device that exists; ValueError naming `device` otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {device!r} is not a torch device ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} but torch sees no CUDA device")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: must be 'cpu' or 'cuda[:N]', got {device!r}")
+    return dev
 
 
 def plan_cache(cfg, plan, args: EngineArgs, max_step_tokens: int) -> CacheGeometry:
@@ -101,29 +122,48 @@ class LLMEngine:
         if speculative not in SPECULATIVE_MODES:
             raise ValueError(f"speculative: must be one of {list(SPECULATIVE_MODES)}, "
                              f"got {speculative!r}")
-        if device != "cpu":
-            raise NotImplementedError(f"device={device!r}: the runtime runs on CPU so far")
         self.args = args or EngineArgs()
+        self.device = _check_device(device)
         self.manifest = Manifest.read(engine_dir)
-        model, rotations, scales = load_target(Path(engine_dir), self.manifest, device)
-        self.config = model.config
+        target = self._load_target(Path(engine_dir))
         self.tokenizer = KolibriTokenizer.from_pretrained(Path(engine_dir) / TARGET_DIR)
-        geometry = plan_cache(self.config, self.manifest.kv, self.args,
-                              self.args.max_num_batched_tokens)
-        self.cache = KVCache(self.config, self.manifest.kv, geometry, scales, device)
-        self.runner = ModelRunner(model, self.cache, rotations)
-        self.scheduler = Scheduler(BlockManager(geometry), self.args.max_num_seqs,
+        self.scheduler = Scheduler(BlockManager(self.cache.geometry), self.args.max_num_seqs,
                                    self.args.max_num_batched_tokens)
         self.requests: dict[str, tuple[Sequence, OutputProcessor, RequestOutput]] = {}
         self._ids = itertools.count()
         proposer = None
         if "drafter" in speculative:
-            drafter = load_drafter(Path(engine_dir), self.manifest, model, device)
+            drafter = load_drafter(Path(engine_dir), self.manifest, target, device)
             depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
             proposer = DrafterProposer(drafter, depth)
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
+
+    # Tensor-parallel hook: `tp_worker.TPLLMEngine` overrides this (rank 0's shard, a per-rank
+    # cache, a runner that hands each step to the other ranks); keep name and contract.
+    def _load_target(self, engine_dir: Path):
+        """Load the target (reference modules or the kernel path), the cache and the runner;
+        returns what the drafter borrows from the target."""
+        args, impl = self.args, self.args.model_impl
+        if impl == "auto":
+            impl = "plugins" if self.device.type == "cuda" else "reference"
+        if impl == "reference":
+            model, rotations, scales = load_target(engine_dir, self.manifest, self.device)
+            target = model
+        else:
+            model, target, scales = load_plugin_target(engine_dir, self.manifest, self.device)
+        self.config, self.model_impl = model.config, impl
+        geometry = plan_cache(self.config, self.manifest.kv, args, args.max_num_batched_tokens)
+        self.cache = KVCache(self.config, self.manifest.kv, geometry, scales, self.device)
+        if impl == "reference":
+            self.runner = ModelRunner(model, self.cache, rotations)
+        else:
+            self.runner = PluginRunner(model, self.cache.layers, args.max_num_seqs,
+                                       args.max_model_len, 1 + args.num_speculative_tokens,
+                                       args.block_size, use_graphs=self.device.type == "cuda"
+                                       and not args.enforce_eager)
+        return target
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> str:

@@ -34,7 +34,10 @@ _SUFFIXES = {"bf16": (), "fp8": ("weight_scale", "input_scale"), "block_fp8": ("
 
 @dataclass(frozen=True)
 class Manifest:
-    """The parts of manifest.json the runtime acts on (the rest stays in `raw`)."""
+    """The parts of manifest.json the runtime acts on (the rest stays in `raw`).
+
+    tp_size: tensor-parallel ranks the target is sharded for (`target/rank{r}/`); engines built
+    before tensor parallelism carry no "tp_size" and are unsharded (1)."""
 
     path: Path
     target_formats: dict[str, str]
@@ -42,6 +45,7 @@ class Manifest:
     kv: KVPlan
     kv_seed: int | None
     raw: dict
+    tp_size: int = 1
 
     @classmethod
     def read(cls, engine_dir: str | Path) -> "Manifest":
@@ -57,7 +61,17 @@ class Manifest:
         plan = KVPlan(kv.str("sliding", choices=SLIDING_KV_FORMATS),
                       kv.str("full", choices=FULL_KV_FORMATS))
         seed = kv.int("seed", None, minimum=0) if plan.full == "hadamard-int4" else None
-        return cls(path, target, drafter, plan, seed, r.data)
+        tp_size = r.int("tp_size", 1, minimum=1)
+        return cls(path, target, drafter, plan, seed, r.data, tp_size)
+
+
+def require_unsharded(manifest: Manifest) -> None:
+    """Raises ValueError naming tensor_parallel_size when the engine's target is sharded for
+    tensor parallelism (a single-process loader would find no `target/model.safetensors`)."""
+    if manifest.tp_size != 1:
+        raise ValueError(f"tensor_parallel_size: the engine {manifest.path.parent} is sharded "
+                         f"for tp_size={manifest.tp_size}; load it with "
+                         f"LLM(..., tensor_parallel_size={manifest.tp_size})")
 
 
 def _formats(r: FieldReader, key: str, groups: tuple[str, ...]) -> dict[str, str]:
@@ -130,10 +144,19 @@ def load_target(engine_dir: Path, manifest: Manifest, device: str | torch.device
     """Build the target model from `engine_dir/target` as the manifest describes it.
 
     Returns (model, rotations {layer: (M_q, M_k) fp32}, kv scales {layer: (k_scale, v_scale)}).
-    Raises CheckpointError for a missing, unexpected or mis-shaped tensor (names file, tensor).
+    Raises CheckpointError for a missing, unexpected or mis-shaped tensor (names file, tensor);
+    ValueError naming tensor_parallel_size for a tensor-parallel engine (`require_unsharded`).
     """
+    require_unsharded(manifest)
     folder = engine_dir / TARGET_DIR
     cfg = KolibriConfig.from_json(folder / "config.json")
+    return load_target_weights(folder, cfg, manifest, device)
+
+
+def load_target_weights(folder: Path, cfg: KolibriConfig, manifest: Manifest,
+                        device: str | torch.device):
+    """`load_target` from the weights in `folder` for modules of `cfg` (the whole target, or
+    one tensor-parallel rank's shard config and `target/rank{r}`); same returns and errors."""
     formats = manifest.target_formats
     shapes = {**expected_engine_shapes(cfg, formats), **kv_tensor_shapes(cfg, manifest.kv)}
     tensors = load_tensors(folder, shapes, device=device)
@@ -179,7 +202,7 @@ def load_drafter(engine_dir: Path, manifest: Manifest, target: KolibriForCausalL
     cfg = DrafterConfig.from_json(folder / "config.json")
     tgt = DrafterTarget.of(target)
     check_fits_target(cfg, tgt, folder / "config.json")
-    vocab = read_draft_vocab(folder / DRAFT_VOCAB, cfg.draft_vocab_size, target.config.vocab_size)
+    vocab = read_draft_vocab(folder / DRAFT_VOCAB, cfg.draft_vocab_size, tgt.lm_head.shape[0])
     formats = manifest.drafter_formats
     base = dict(KolibriBlockDrafter.expected_shapes(cfg))
     base["lm_head.weight"] = (cfg.draft_vocab_size, cfg.hidden_size)

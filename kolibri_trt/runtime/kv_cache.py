@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write
 from kolibri_trt_plugins.qk_norm_fold_int4 import dequantize_int4_ref, quantize_int4_ref
 
 from ..config import KolibriConfig
@@ -100,9 +101,7 @@ class KVCache:
                 t[f"{name}_codes"].view(-1, *codes.shape[1:])[slots] = codes
                 t[f"{name}_meta"].view(-1, *meta.shape[1:])[slots] = meta
         elif fmt == "fp8":
-            for name, x in (("k", k), ("v", v)):
-                q = (x.float() / t[f"{name}_scale"]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-                t[name].view(-1, *q.shape[1:])[slots] = q
+            fp8_kv_write(k, v, slots, t["k"], t["v"], t["k_scale"], t["v_scale"])
         else:
             t["k"].view(-1, *k.shape[1:])[slots] = k.to(torch.bfloat16)
             t["v"].view(-1, *v.shape[1:])[slots] = v.to(torch.bfloat16)

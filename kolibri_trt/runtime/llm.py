@@ -25,6 +25,12 @@ class LLM:
         speculative: "off" | "copy" | "drafter" | "copy+drafter".
         max_num_seqs, max_model_len, kv_cache_memory (bytes), block_size,
         max_num_batched_tokens: see `EngineArgs`.
+        device: "cpu" or "cuda[:N]" (CUDA runs the kernels of plugins/ with CUDA graphs).
+        engine_options: further `EngineArgs` fields (num_speculative_tokens, drafter_depth,
+            model_impl, enforce_eager); an unknown name raises TypeError.
+        tensor_parallel_size: ranks of a tensor-parallel engine (`build.py --tp N`); must equal
+            the engine's tp_size. N > 1 spawns N - 1 worker processes (rank 0 is this one);
+            `shutdown()` or `with LLM(...) as llm:` stops them (garbage collection does too).
     Raises:
         ValueError: an unknown option or value (the message names it); CheckpointError: a bad
         engine folder; NotImplementedError: a speculative mode not implemented yet.
@@ -33,12 +39,25 @@ class LLM:
     def __init__(self, engine_dir: str | Path, speculative: str = "copy+drafter", *,
                  max_num_seqs: int = 8, max_model_len: int = 4096,
                  kv_cache_memory: int = 1 << 30, block_size: int = 16,
-                 max_num_batched_tokens: int = 512, device: str = "cpu"):
+                 max_num_batched_tokens: int = 512, device: str = "cpu",
+                 tensor_parallel_size: int = 1, **engine_options):
         args = EngineArgs(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                           kv_cache_memory=kv_cache_memory, block_size=block_size,
-                          max_num_batched_tokens=max_num_batched_tokens)
-        self.engine = LLMEngine(engine_dir, speculative, args, device)
+                          max_num_batched_tokens=max_num_batched_tokens, **engine_options)
+        self.engine = _make_engine(engine_dir, speculative, args, device, tensor_parallel_size)
         self.tokenizer = self.engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (nothing to do at tensor_parallel_size 1)."""
+        stop = getattr(self.engine, "shutdown", None)
+        if stop is not None:
+            stop()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -75,6 +94,19 @@ class LLM:
                     if step.delta_text:
                         yield step.delta_text
                     finished = step.output.finished
+
+
+def _make_engine(engine_dir, speculative: str, args: EngineArgs, device: str,
+                 tensor_parallel_size: int) -> LLMEngine:
+    """An LLMEngine, or a TPLLMEngine (`tp_worker.py`) for tensor_parallel_size > 1. Raises
+    ValueError naming tensor_parallel_size when it is not the engine's manifest tp_size."""
+    from .engine_loader import Manifest
+    from .tensor_parallel import check_tensor_parallel_size
+    check_tensor_parallel_size(Manifest.read(engine_dir), tensor_parallel_size)
+    if tensor_parallel_size == 1:
+        return LLMEngine(engine_dir, speculative, args, device)
+    from .tp_worker import TPLLMEngine
+    return TPLLMEngine(engine_dir, speculative, args, device, tensor_parallel_size)
 
 
 def _per_prompt(params, n: int) -> list[SamplingParams]:

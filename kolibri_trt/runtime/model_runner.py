@@ -14,7 +14,7 @@ import torch
 from ..model import ops
 from ..model.reference import Attention, KolibriForCausalLM
 from .kv_cache import INT4_FULL, KVCache
-from .metadata import StepMetadata
+from ..model.metadata import StepMetadata
 
 
 class ModelRunner:

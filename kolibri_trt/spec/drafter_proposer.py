@@ -106,7 +106,8 @@ class DrafterProposer:
         if lo < p:
             rows = st.fused[lo - st.offset:p - st.offset]
             nxt = torch.tensor(tokens[lo + 1:p + 1], device=rows.device)
-            new = d.context_kv(d.context_rows(rows, nxt), torch.arange(lo, p))
+            new = d.context_kv(d.context_rows(rows, nxt),
+                               torch.arange(lo, p, device=rows.device))
             st.kv = [(torch.cat([k, nk])[-cw:], torch.cat([v, nv])[-cw:])
                      for (k, v), (nk, nv) in zip(st.kv, new)]
         st.kv_end = p

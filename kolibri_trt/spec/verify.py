@@ -39,7 +39,8 @@ def verify(logits: torch.Tensor, drafts: list[int], params: SamplingParams,
     """
     if logits.dim() != 2 or logits.shape[0] != len(drafts) + 1:
         raise ValueError(f"logits: expected [{len(drafts) + 1}, V], got {tuple(logits.shape)}")
-    positions = torch.arange(first_position, first_position + len(drafts) + 1)
+    positions = torch.arange(first_position, first_position + len(drafts) + 1,
+                             device=logits.device)
     own = sample(logits, [params] * (len(drafts) + 1), positions).tolist()
     accepted = 0
     while accepted < len(drafts) and drafts[accepted] == own[accepted]:
@@ -51,8 +52,9 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution sampling draws from: softmax(filter(logits / T)); fp32 [N, V]."""
     n = logits.shape[0]
     scaled = logits.float() / params.temperature
-    scaled = filter_logits(scaled, torch.full((n,), params.top_k),
-                           torch.full((n,), params.top_p, dtype=torch.float32))
+    dev = logits.device
+    scaled = filter_logits(scaled, torch.full((n,), params.top_k, device=dev),
+                           torch.full((n,), params.top_p, dtype=torch.float32, device=dev))
     return torch.softmax(scaled, dim=-1)
 
 

@@ -27,7 +27,6 @@ import importlib.resources
 import json
 from pathlib import Path
 
-from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from ..config_io import write_texts_atomic
@@ -115,6 +114,8 @@ def special_token_names(num_special: int = NUM_SPECIAL_TOKENS) -> list[str]:
     The defined ones come from ``Tekkenizer.DEPRECATED_SPECIAL_TOKENS`` (the list mistral-common
     uses for v3 Tekken files, which carry none), the rest are ``<SPECIAL_{id}>`` fillers.
     """
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer  # conversion time only
+
     defined = sorted(Tekkenizer.DEPRECATED_SPECIAL_TOKENS, key=lambda t: t["rank"])
     names = [str(getattr(t["token_str"], "value", t["token_str"])) for t in defined]
     if [t["rank"] for t in defined] != list(range(len(defined))):

@@ -32,6 +32,8 @@ def op_cases():
         "moe_route": (x, moe[0], 2, True),
         "moe_forward": (x, *moe, 2, True),
         "attn_combine": (torch.randn(3, 2), torch.rand(3, 2), torch.randn(3, 2, 128)),
+        "fp8_kv_write": (T.randn((3, 2, 128), g), T.randn((3, 2, 128), g),
+                         torch.tensor([0, 17, -1]), *T.fp8_cache(4, 16, 2, g), one, one),
     }
 
 

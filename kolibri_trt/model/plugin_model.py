@@ -1,0 +1,145 @@
+"""Kolibri-1 over the paged cache through the `plugins/` kernels (the GPU serving path).
+
+Weights stay in the engine's low-bit formats and are read directly by the kernels: FP8 body
+(one fused QKV GEMV per layer, o_proj), FP8 routed + shared experts in one MoE op, an NVFP4 (or
+FP8) LM head. Attention: FP8 sliding-window layers (`fp8_kv_write` + `fp8_paged_attention`),
+full layers in rotated INT4 (`qk_norm_fold_int4` + `int4_paged_attention`) or FP8. Every op is
+a torch custom op without host syncs, so `forward` can be captured in a CUDA graph; on CPU
+tensors the same code runs the kernels' torch references (tests).
+
+Maths: `shared/spec/kolibri-1.md` §Forward pass, `kv-cache.md`; layouts: `plugins/LAYOUTS.md`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from kolibri_trt_plugins import (fp8_gemv, fp8_kv_write, fp8_paged_attention,
+                                 int4_paged_attention, moe_forward, nvfp4_gemv,
+                                 qk_norm_fold_int4)
+
+from ..config import KolibriConfig
+from . import ops
+from .metadata import StepMetadata
+
+# weight formats this path runs, per group of the engine manifest
+GPU_FORMATS = {"attention": ("fp8",), "experts": ("fp8",), "shared_expert": ("fp8",),
+               "router": ("bf16",), "embedding": ("bf16",), "norms": ("bf16",),
+               "lm_head": ("nvfp4", "fp8")}
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer in kernel layouts (`plugins/LAYOUTS.md`); H hidden, D = 128."""
+
+    input_norm: torch.Tensor      # bf16 [H]
+    post_norm: torch.Tensor       # bf16 [H]
+    qkv: torch.Tensor             # fp8 [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj rows
+    qkv_scale: torch.Tensor       # fp32 [] (ModelOpt ties the three per-tensor scales)
+    o_proj: torch.Tensor          # fp8 [H, Hq D]
+    o_scale: torch.Tensor         # fp32 []
+    q_norm: torch.Tensor          # bf16 [D]
+    k_norm: torch.Tensor          # bf16 [D]
+    rotation: tuple[torch.Tensor, torch.Tensor] | None  # fp32 (M_q, M_k) [D, D]: INT4 layers
+    router: torch.Tensor          # bf16 [E, H]
+    w13: torch.Tensor             # fp8 [E, 2I, H]: gate rows then up rows
+    w13_scale: torch.Tensor       # fp32 [E]
+    w2: torch.Tensor              # fp8 [E, H, I]
+    w2_scale: torch.Tensor        # fp32 [E]
+    shared: tuple[torch.Tensor, ...] | None  # (w13 [1,2Is,H], s [1], w2 [1,H,Is], s [1]) fp8/fp32
+
+
+@dataclass(frozen=True)
+class Head:
+    """The LM head: fmt "nvfp4" (weight uint8 [V, H/2], scale e4m3 [V, H/16], scale_2 fp32 [])
+    or "fp8" (weight e4m3 [V, H], scale fp32 [], scale_2 None)."""
+
+    fmt: str
+    weight: torch.Tensor
+    scale: torch.Tensor
+    scale_2: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x bf16 [M, H] -> bf16 [M, V]."""
+        if self.fmt == "nvfp4":
+            return nvfp4_gemv(x, self.weight, self.scale, self.scale_2)
+        return fp8_gemv(x, self.weight, self.scale)
+
+
+class PluginModel:
+    """The target model as the kernels run it. Build with `engine_loader.load_plugin_target`.
+
+    embed: bf16 [V, H]; final_norm: bf16 [H]; layers: one `LayerWeights` per layer.
+    """
+
+    def __init__(self, config: KolibriConfig, embed: torch.Tensor, final_norm: torch.Tensor,
+                 layers: Sequence[LayerWeights], head: Head):
+        self.config, self.embed, self.final_norm = config, embed, final_norm
+        self.layers, self.head = list(layers), head
+        self.device = embed.device
+
+    @torch.no_grad()
+    def forward(self, meta: StepMetadata, caches: Sequence[Mapping[str, torch.Tensor]],
+                max_seq_len: int, max_q_len: int, all_rows: bool = False,
+                tap_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One pass over the step's T tokens (layout: `metadata.py`); K/V written first.
+
+        caches: per layer the cache tensors of `runtime/kv_cache.py` (k/v + k_scale/v_scale for
+        FP8, k_codes/v_codes/k_meta/v_meta for INT4). max_seq_len, max_q_len: host bounds of
+        seq_lens and of the per-stream token counts (fixed per CUDA graph; the kernels give
+        the same bits for any bound). Slots < 0 are not written (padding rows).
+        Returns fp32 logits [R, V] for meta.logits_rows (all T rows if all_rows), and taps
+        [T, len(tap_layers), H] bf16 (the residual stream after those layers) or None.
+        """
+        h = F.embedding(meta.input_ids, self.embed)
+        taps = []
+        for i, (w, cache) in enumerate(zip(self.layers, caches)):
+            a = self._attention(i, w, ops.rms_norm(h, w.input_norm, self.config.rms_norm_eps),
+                                cache, meta, max_seq_len, max_q_len)
+            h = h + fp8_gemv(a, w.o_proj, w.o_scale)
+            x = ops.rms_norm(h, w.post_norm, self.config.rms_norm_eps)
+            sh = w.shared or (None, None, None, None)
+            h = h + moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
+                                top_k=self.config.num_experts_per_tok,
+                                renormalize=self.config.norm_topk_prob)
+            if i in tap_layers:
+                taps.append(h)
+        rows = h if all_rows else h[meta.logits_rows]
+        logits = self.head(ops.rms_norm(rows, self.final_norm, self.config.rms_norm_eps))
+        return logits.float(), (torch.stack(taps, dim=1) if tap_layers else None)
+
+    def _attention(self, i: int, w: LayerWeights, x: torch.Tensor,
+                   cache: Mapping[str, torch.Tensor], meta: StepMetadata, max_seq_len: int,
+                   max_q_len: int) -> torch.Tensor:
+        """Attention output bf16 [T, Hq D] (before o_proj); writes the step's K/V first."""
+        cfg = self.config
+        t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        qkv = fp8_gemv(x, w.qkv, w.qkv_scale)
+        q = qkv[:, :hq * d].view(t, hq, d)
+        k = qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+        sliding = cfg.is_sliding(i)
+        tables = meta.sliding_block_tables if sliding else meta.full_block_tables
+        slots = meta.sliding_slots if sliding else meta.full_slots
+        bounds = (meta.seq_lens, meta.cu_q_lens, max_seq_len, max_q_len)
+        if "k_codes" in cache:
+            q = qk_norm_fold_int4(q, k, v, *w.rotation, slots, cache["k_codes"],
+                                  cache["v_codes"], cache["k_meta"], cache["v_meta"],
+                                  cfg.rms_norm_eps)
+            out = int4_paged_attention(q, cache["k_codes"], cache["v_codes"], cache["k_meta"],
+                                       cache["v_meta"], tables, *bounds)
+            return out.view(t, hq * d)
+        q = ops.rms_norm(q, w.q_norm, cfg.rms_norm_eps)
+        k = ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        if sliding:
+            cos, sin = ops.rope_cos_sin(meta.positions, d, cfg.rope_theta)
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        fp8_kv_write(k, v, slots, cache["k"], cache["v"], cache["k_scale"], cache["v_scale"])
+        out = fp8_paged_attention(q.contiguous(), cache["k"], cache["v"], cache["k_scale"],
+                                  cache["v_scale"], tables, *bounds,
+                                  window=cfg.sliding_window if sliding else 0)
+        return out.view(t, hq * d)

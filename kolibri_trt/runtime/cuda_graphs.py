@@ -1,0 +1,148 @@
+"""`PluginRunner`: runs `PluginModel` steps, decode and verification steps through CUDA graphs.
+
+A step whose streams each bring at most `max_q_len` tokens (1 + draft tokens) and whose rows
+all need logits is a graph step. It is padded to a bucket: S real streams -> S_b (next power of
+two), T tokens -> T_b (S_b times the next power of two, at most S_b·max_q_len). The
+bucket's graph is captured on first use (after one eager warm-up run, which compiles the Triton
+kernels and writes the same K/V the replay writes again) and replayed from then on. Padding:
+the T_b - T extra tokens go to extra streams of at most max_q_len tokens each, positions 0..,
+block tables of zeros (they only read block 0) and slot -1 (nothing written); the rest of the
+S_b + ceil(T_b / max_q_len) stream slots are empty. Every row is owned by a stream, so every
+value stays finite, and the kernels give a real row the same bits whatever the padding
+(`plugins/LAYOUTS.md` §Batch invariance). Other steps (prefill chunks, scoring) run eagerly
+with their own bounds (same bits). On CPU, or with graphs off, bucketed steps run the same padded inputs
+eagerly. Source of the technique: vLLM / TensorRT-LLM CUDA-graph batch buckets.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.metadata import StepMetadata
+from ..model.plugin_model import PluginModel
+
+_FIELDS = ("input_ids", "positions", "full_slots", "sliding_slots")
+
+
+class PluginRunner:
+    """Drop-in for `ModelRunner.forward` on the kernel path.
+
+    max_num_seqs: streams per step; max_model_len: bound of seq_lens (tokens); max_q_len:
+    tokens per stream in a graph step (1 + num_speculative_tokens); block_size: tokens per
+    cache block; use_graphs: capture CUDA graphs (needs a CUDA model).
+    """
+
+    def __init__(self, model: PluginModel, caches: list[dict[str, torch.Tensor]],
+                 max_num_seqs: int, max_model_len: int, max_q_len: int, block_size: int,
+                 use_graphs: bool = True):
+        if use_graphs and model.device.type != "cuda":
+            raise ValueError(f"use_graphs: CUDA graphs need a CUDA model, got {model.device}")
+        self.model, self.caches, self.use_graphs = model, caches, use_graphs
+        self.max_seq_len, self.max_q_len = max_model_len, max_q_len
+        self.max_s = _pow2(max_num_seqs)
+        self.max_t = self.max_s * _pow2(max_q_len)
+        self.width = -(-max_model_len // block_size)
+        n = self.max_s + -(-self.max_t // max_q_len)
+        dev = model.device
+        self.static = {
+            "input_ids": torch.zeros(self.max_t, dtype=torch.long, device=dev),
+            "positions": torch.zeros(self.max_t, dtype=torch.long, device=dev),
+            "full_slots": torch.full((self.max_t,), -1, dtype=torch.long, device=dev),
+            "sliding_slots": torch.full((self.max_t,), -1, dtype=torch.long, device=dev),
+            "cu_q_lens": torch.zeros(n + 1, dtype=torch.int32, device=dev),
+            "seq_lens": torch.zeros(n, dtype=torch.int32, device=dev),
+            "full_block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
+            "sliding_block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
+        }
+        self.graphs: dict[tuple[int, int, tuple[int, ...]], tuple] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+
+    def bucket(self, meta: StepMetadata) -> tuple[int, int] | None:
+        """(S_b, T_b) for a graph step, None for an eager one."""
+        s, t = meta.num_seqs, meta.num_tokens
+        if (max(meta.q_lens) > self.max_q_len or int(meta.logits_rows.shape[0]) != t
+                or s > self.max_s):
+            return None
+        s_b = _pow2(s)
+        t_b = s_b
+        while t_b < t:
+            t_b *= 2
+        return s_b, min(t_b, s_b * _pow2(self.max_q_len))
+
+    @torch.no_grad()
+    def forward(self, meta: StepMetadata, tap_layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fp32 logits [R, V] for meta.logits_rows and taps [T, len(tap_layers), H] or None
+        (the contract of `ModelRunner.forward`); meta may live on any device."""
+        b = self.bucket(meta)
+        if b is None:
+            meta = _to(meta, self.model.device)
+            return self.model.forward(meta, self.caches, max(meta.seq_lens_host),
+                                      max(meta.q_lens), tap_layers=tap_layers)
+        padded = self._fill(meta, *b)
+        key = (*b, tuple(tap_layers))
+        if not self.use_graphs:
+            logits, taps = self._run(padded, tap_layers)
+        else:
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(padded, tap_layers)
+            graph, logits, taps = self.graphs[key]
+            graph.replay()
+        t = meta.num_tokens
+        return logits[:t].clone(), (None if taps is None else taps[:t].clone())
+
+    def _run(self, padded: StepMetadata, tap_layers):
+        return self.model.forward(padded, self.caches, self.max_seq_len, self.max_q_len,
+                                  all_rows=True, tap_layers=tap_layers)
+
+    def _capture(self, padded: StepMetadata, tap_layers):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._run(padded, tap_layers)  # compiles kernels; writes what the replay rewrites
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits, taps = self._run(padded, tap_layers)
+        return graph, logits, taps
+
+    def _fill(self, meta: StepMetadata, s_b: int, t_b: int) -> StepMetadata:
+        """Copy the step into the static buffers, padded to (s_b, t_b); returns views of them."""
+        st, t, s, q = self.static, meta.num_tokens, meta.num_seqs, self.max_q_len
+        n = s_b + -(-t_b // q)
+        for name in _FIELDS:
+            st[name][:t].copy_(getattr(meta, name))
+        st["input_ids"][t:t_b].zero_()
+        st["full_slots"][t:t_b].fill_(-1)
+        st["sliding_slots"][t:t_b].fill_(-1)
+        pad_lens = [min(q, t_b - t - q * j) for j in range(-(-(t_b - t) // q))]
+        st["positions"][t:t_b].copy_(torch.cat([torch.arange(m) for m in pad_lens])
+                                     if pad_lens else torch.zeros(0, dtype=torch.long))
+        lens = list(meta.q_lens) + pad_lens + [0] * (n - s - len(pad_lens))
+        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        st["cu_q_lens"][:n + 1].copy_(cu)
+        st["seq_lens"][:s].copy_(meta.seq_lens)
+        st["seq_lens"][s:n].copy_(torch.tensor(lens[s:], dtype=torch.int32))
+        for name in ("full_block_tables", "sliding_block_tables"):
+            src = getattr(meta, name)
+            st[name][:n].zero_()
+            st[name][:s, :src.shape[1]].copy_(src)
+        return StepMetadata(
+            input_ids=st["input_ids"][:t_b], positions=st["positions"][:t_b],
+            cu_q_lens=st["cu_q_lens"][:n + 1], seq_lens=st["seq_lens"][:n],
+            full_block_tables=st["full_block_tables"][:n],
+            sliding_block_tables=st["sliding_block_tables"][:n],
+            full_slots=st["full_slots"][:t_b], sliding_slots=st["sliding_slots"][:t_b],
+            logits_rows=st["input_ids"][:0], q_lens=tuple(lens),
+            seq_lens_host=tuple(meta.seq_lens_host) + tuple(lens[s:]))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _to(meta: StepMetadata, device: torch.device) -> StepMetadata:
+    """The same metadata with its tensors on `device` (host tuples unchanged)."""
+    fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+              for k, v in meta.__dict__.items()}
+    return StepMetadata(**fields)
