@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--prompts-file", type=Path,
                     default=DEFAULT_PROMPTS / "spec_bench_question.jsonl")
     ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--modes", nargs="+", default=["off", "copy", "drafter", "copy+drafter"])
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu | cuda[:N]")
     ap.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs")
     args = ap.parse_args()
-    prompts = load_prompts(args.prompts_file, per_category=args.per_category)
+    prompts = load_prompts(args.prompts_file, per_category=args.per_category, limit=args.limit)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed, ignore_eos=True)
     opts = {"device": args.device, "enforce_eager": args.enforce_eager}

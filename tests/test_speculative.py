@@ -205,3 +205,36 @@ def test_rejection_sampling_keeps_the_target_distribution():
         counts[rejection_sample(p, q, [x], g).tokens[0]] += 1
     # first token must follow p[0]; binomial s.e. <= 0.0065 at n=6000, 4 sigma
     assert torch.allclose(counts / n, p[0], atol=0.026)
+
+
+def test_rejection_sampling_with_deterministic_drafts_keeps_the_target_distribution():
+    """Copy and drafter proposals are deterministic (q one-hot): a draft x is kept with
+    probability p(x), else the residual p without x is sampled; the first token follows p."""
+    g = torch.Generator().manual_seed(1)
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
+    q = torch.tensor([[0.0, 0.0, 1.0]])
+    counts = torch.zeros(3)
+    n = 6000
+    for _ in range(n):
+        counts[rejection_sample(p, q, [2], g).tokens[0]] += 1
+    # binomial s.e. <= 0.0065 at n=6000, 4 sigma
+    assert torch.allclose(counts / n, p[0], atol=0.026)
+
+
+def test_engine_rejection_sampler_option(engine_dir, llms):
+    """acceptance_method="rejection_sampler": greedy stays identical to off; sampled output is
+    reproducible for a seed, and at a low temperature the greedy continuation as drafts (an
+    oracle) is mostly accepted, each draft with probability p(draft)."""
+    rs = LLM(engine_dir, speculative="copy", acceptance_method="rejection_sampler")
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    oracle = Oracle(llms["off"], PROMPTS[:2], greedy, k=4)
+    plain = llms["off"].generate(PROMPTS[:2], greedy)
+    outs = _run_with(rs, oracle, PROMPTS[:2], greedy)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    cold = SamplingParams(max_tokens=16, temperature=0.05, seed=3, ignore_eos=True)
+    a = _run_with(rs, Oracle(llms["off"], PROMPTS[:2], greedy, k=4), PROMPTS[:2], cold)
+    b = _run_with(rs, Oracle(llms["off"], PROMPTS[:2], greedy, k=4), PROMPTS[:2], cold)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert sum(o.metrics.spec.accepted["copy"] for o in a) > 0
+    with pytest.raises(ValueError, match="acceptance_method"):
+        LLM(engine_dir, speculative="copy", acceptance_method="typical")

@@ -21,7 +21,7 @@ from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
 from ..spec.speculator import MODES as SPECULATIVE_MODES
 from ..spec.speculator import Speculator
-from ..spec.verify import verify
+from ..spec.verify import rejection_sample, target_probs, verify
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
 from .cuda_graphs import PluginRunner
@@ -34,6 +34,7 @@ from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
 
 MODEL_IMPLS = ("auto", "reference", "plugins")
+ACCEPTANCE_METHODS = ("position-keyed", "rejection_sampler")
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,14 @@ class EngineArgs:
     drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
+    # how sampled drafts are accepted: "position-keyed" (identical to non-speculative output)
+    # or "rejection_sampler" (Leviathan et al. 2023; same distribution, not the same tokens)
+    acceptance_method: str = "position-keyed"
 
     def __post_init__(self) -> None:
+        if self.acceptance_method not in ACCEPTANCE_METHODS:
+            raise ValueError(f"acceptance_method: must be one of {list(ACCEPTANCE_METHODS)}, "
+                             f"got {self.acceptance_method!r}")
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl: must be one of {list(MODEL_IMPLS)}, got "
                              f"{self.model_impl!r}")
@@ -240,8 +247,7 @@ class LLMEngine:
                 self._observe(seq, item.start, taps, first, item.num_tokens, [])
                 continue
             d, sources = extra.get(rid, []), drafts.get(rid, ([], []))[1]
-            verdict = verify(logits[row:row + 1 + len(d)], d, seq.params,
-                             len(seq.output_token_ids))
+            verdict = self._verify(seq, logits[row:row + 1 + len(d)], d)
             row += 1 + len(d)
             step = self._commit(seq, verdict.tokens)
             self._record(step, sources[:len(d)], verdict.num_accepted)
@@ -251,6 +257,22 @@ class LLMEngine:
                               item.num_tokens + verdict.num_accepted, step.new_token_ids)
             outputs.append(step)
         return outputs
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor, drafts: list[int]):
+        """Verification of one stream's drafts (`spec/verify.py`). With acceptance_method
+        "rejection_sampler" and temperature > 0, drafts are accepted by speculative sampling;
+        both proposers draft deterministically (copy, drafter argmax), so q is one-hot and a
+        draft x is kept with probability p(x). Randomness: a per-request generator seeded
+        with the request's seed (reproducible, independent of batching)."""
+        if (self.args.acceptance_method == "position-keyed" or not drafts
+                or seq.params.temperature == 0):
+            return verify(logits, drafts, seq.params, len(seq.output_token_ids))
+        if seq.generator is None:
+            seq.generator = torch.Generator().manual_seed(seq.params.resolved_seed)
+        p = target_probs(logits, seq.params).cpu()
+        q = torch.zeros(len(drafts), p.shape[1])
+        q[torch.arange(len(drafts)), torch.tensor(drafts)] = 1.0
+        return rejection_sample(p, q, drafts, seq.generator)
 
     def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
         """Drafts for every running stream that is past its prefill (one batched round)."""

@@ -6,6 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from ..sampling import SamplingParams
 
 
@@ -36,6 +38,8 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    # acceptance_method="rejection_sampler": the request's own random stream (seeded lazily)
+    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
