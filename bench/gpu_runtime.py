@@ -98,6 +98,17 @@ def check_graph_step(engine: Path, tag: str) -> None:
     meta = build_metadata([ScheduledSeq(s, s.num_computed, 1) for s in seqs], g.block_size,
                           g.ring_blocks, {seqs[1].request_id: [5, 6, 7]})
     runner = eng.runner
+    check(f"{tag}: graphs captured at start-up", len(runner.graphs) > 0,
+          f"{len(runner.graphs)} graphs")
+    snapshot = [{k: v.clone() for k, v in c.items()} for c in runner.caches]
+    fresh = PluginRunner(runner.model, runner.caches, eng.args.max_num_seqs,
+                         eng.args.max_model_len, runner.max_q_len, g.block_size)
+    n = fresh.capture_all()
+    same = all(torch.equal(a[k].reshape(-1).view(torch.uint8),
+                           c[k].reshape(-1).view(torch.uint8))
+               for a, c in zip(snapshot, runner.caches) for k in a)
+    check(f"{tag}: capture_all ({n} graphs) leaves the KV cache untouched", same)
+    del fresh
     first, _ = runner.forward(meta)
     second, _ = runner.forward(meta)
     eager = PluginRunner(runner.model, runner.caches, eng.args.max_num_seqs,

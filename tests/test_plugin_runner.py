@@ -105,6 +105,25 @@ def test_fill_gives_every_row_an_owner_and_writes_nothing_for_padding(engines):
     assert (p.full_block_tables[2:] == 0).all()
 
 
+def test_all_padding_step_runs_and_writes_nothing(engines):
+    """What `capture_all` runs for each bucket: a step of padding streams only."""
+    llm = LLM(engines["hadamard-int4"], speculative="off", model_impl="plugins")
+    runner: PluginRunner = llm.engine.runner
+    llm.generate(PROMPTS[0], SamplingParams(max_tokens=4))        # some real K/V in the cache
+    none = torch.zeros(0, dtype=torch.long)
+    empty = StepMetadata(none, none, torch.zeros(1, dtype=torch.int32),
+                         torch.zeros(0, dtype=torch.int32), torch.zeros(0, 0, dtype=torch.int32),
+                         torch.zeros(0, 0, dtype=torch.int32), none, none, none, (), ())
+    before = [{k: v.clone() for k, v in c.items()} for c in runner.caches]
+    logits, _ = runner._run(runner._fill(empty, 2, 8), ())
+    assert logits.shape[0] == 8 and torch.isfinite(logits).all()
+    for b, c in zip(before, runner.caches):
+        for k in b:
+            assert torch.equal(b[k].reshape(-1).view(torch.uint8), c[k].reshape(-1).view(torch.uint8))
+    with pytest.raises(ValueError, match="use_graphs"):
+        runner.capture_all()
+
+
 def test_kernel_path_refuses_bf16_weights(tmp_path):
     engine = write_engine(tmp_path, small_target(), weights="bf16", kv_cache="hadamard-int4")
     with pytest.raises(ValueError, match="weights.target.attention"):

@@ -3,8 +3,9 @@
 A step whose streams each bring at most `max_q_len` tokens (1 + draft tokens) and whose rows
 all need logits is a graph step. It is padded to a bucket: S real streams -> S_b (next power of
 two), T tokens -> T_b (S_b times the next power of two, at most S_b·max_q_len). The
-bucket's graph is captured on first use (after one eager warm-up run, which compiles the Triton
-kernels and writes the same K/V the replay writes again) and replayed from then on. Padding:
+bucket's graph is captured at start-up (`capture_all`, all-padding steps) or on first use
+(after one eager warm-up run, which compiles the Triton kernels and writes the same K/V the
+replay writes again) and replayed from then on. Padding:
 the T_b - T extra tokens go to extra streams of at most max_q_len tokens each, positions 0..,
 block tables of zeros (they only read block 0) and slot -1 (nothing written); the rest of the
 S_b + ceil(T_b / max_q_len) stream slots are empty. Every row is owned by a stream, so every
@@ -68,6 +69,32 @@ class PluginRunner:
         while t_b < t:
             t_b *= 2
         return s_b, min(t_b, s_b * _pow2(self.max_q_len))
+
+    @torch.no_grad()
+    def capture_all(self, tap_layers: tuple[int, ...] = ()) -> int:
+        """Capture every bucket's graph now, as vLLM does at start-up, so that no request
+        waits for a capture. Runs all-padding steps: nothing is written to the cache.
+        Returns the number of graphs captured. Raises ValueError without use_graphs."""
+        if not self.use_graphs:
+            raise ValueError("use_graphs: capture_all needs CUDA graphs on")
+        none = torch.zeros(0, dtype=torch.long)
+        empty = StepMetadata(
+            input_ids=none, positions=none, cu_q_lens=torch.zeros(1, dtype=torch.int32),
+            seq_lens=torch.zeros(0, dtype=torch.int32),
+            full_block_tables=torch.zeros(0, 0, dtype=torch.int32),
+            sliding_block_tables=torch.zeros(0, 0, dtype=torch.int32), full_slots=none,
+            sliding_slots=none, logits_rows=none, q_lens=(), seq_lens_host=())
+        count, s_b = 0, 1
+        while s_b <= self.max_s:
+            t_b = s_b
+            while t_b <= s_b * _pow2(self.max_q_len):
+                key = (s_b, t_b, tuple(tap_layers))
+                if key not in self.graphs:
+                    self.graphs[key] = self._capture(self._fill(empty, s_b, t_b), tap_layers)
+                    count += 1
+                t_b *= 2
+            s_b *= 2
+        return count
 
     @torch.no_grad()
     def forward(self, meta: StepMetadata, tap_layers: tuple[int, ...] = ()

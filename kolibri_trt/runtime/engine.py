@@ -146,6 +146,8 @@ class LLMEngine:
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
+        if isinstance(self.runner, PluginRunner) and self.runner.use_graphs:
+            self.runner.capture_all(self.tap_layers)
 
     # Tensor-parallel hook: `tp_worker.TPLLMEngine` overrides this (rank 0's shard, a per-rank
     # cache, a runner that hands each step to the other ranks); keep name and contract.
