@@ -6,7 +6,8 @@
   not ModelOpt's search table) that equals `NVFP4QTensor.quantize(w, 16)` bit for bit (tested);
   the runtime's GPU machine has no ModelOpt.
 - `round_amax_up`: the calibration grid that makes input scales machine-independent.
-Layouts and the E2M1 table: `dequant.py`.
+Layouts and the E2M1 table: `dequant.py`. All three run on the device of their input (the
+synthetic full-size engine, `synthetic.py`, quantizes on the GPU).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def block_amax(w: torch.Tensor, group: int = BLOCK_FP8_GROUP) -> torch.Tensor:
     (a last partial block covers the remaining K % group inputs)."""
     n, k = w.shape
     blocks = -(-k // group)
-    padded = torch.zeros(n, blocks * group, dtype=torch.float32)
+    padded = torch.zeros(n, blocks * group, dtype=torch.float32, device=w.device)
     padded[:, :k] = w.float().abs()
     return padded.view(n, blocks, group).amax(dim=-1)
 
@@ -68,7 +69,7 @@ def quantize_nvfp4(w: torch.Tensor, group: int = NVFP4_GROUP
     block = amax16 / (E2M1_MAX * global_scale)
     block = torch.where(block == 0, torch.ones_like(block), block)
     block = block.clamp(min=E4M3_MIN_BLOCK_SCALE, max=E4M3_MAX).to(torch.float8_e4m3fn)
-    packed = torch.empty(n, k // 2, dtype=torch.uint8)
+    packed = torch.empty(n, k // 2, dtype=torch.uint8, device=w.device)
     for r in range(0, n, _ROWS_PER_CHUNK):
         rows = slice(r, r + _ROWS_PER_CHUNK)
         x = w[rows].reshape(-1, k // group, group) / (block[rows].float() * global_scale)[..., None]
@@ -80,10 +81,10 @@ def quantize_nvfp4(w: torch.Tensor, group: int = NVFP4_GROUP
 def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """Nearest E2M1 code of each fp32 element, ties to the even magnitude index (RNE), |x| > 6
     saturating to 6; sign bit 3 set for x < 0. Returns uint8 codes of x's shape."""
-    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=x.device)
     dist = (x.abs()[..., None] - mags).abs()
     nearest = dist == dist.amin(dim=-1, keepdim=True)
-    even = nearest & (torch.arange(8) % 2 == 0)
+    even = nearest & (torch.arange(8, device=x.device) % 2 == 0)
     idx = torch.where(even.any(-1), even.to(torch.uint8).argmax(-1),
                       nearest.to(torch.uint8).argmax(-1))
     return idx.to(torch.uint8) | ((x < 0).to(torch.uint8) << 3)

@@ -7,13 +7,18 @@ full layers in rotated INT4 (`qk_norm_fold_int4` + `int4_paged_attention`) or FP
 a torch custom op without host syncs, so `forward` can be captured in a CUDA graph; on CPU
 tensors the same code runs the kernels' torch references (tests).
 
+Tensor parallelism (`runtime/tensor_parallel.py`): a rank's model is built from its shard (its
+query / KV heads, its slice of every expert's channels) with an `all_reduce` hook that sums the
+bf16 [T, H] partial outputs of o_proj and of the MoE across ranks before each residual add;
+ranks > 0 have no head (they return [R, 0] logits). Without the hook (TP1) nothing changes.
+
 Maths: `shared/spec/kolibri-1.md` §Forward pass, `kv-cache.md`; layouts: `plugins/LAYOUTS.md`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,16 +76,26 @@ class Head:
 
 
 class PluginModel:
-    """The target model as the kernels run it. Build with `engine_loader.load_plugin_target`.
+    """The target model as the kernels run it. Build with `plugin_loader.load_plugin_target`
+    (or `tensor_parallel.load_plugin_shard` for one tensor-parallel rank).
 
-    embed: bf16 [V, H]; final_norm: bf16 [H]; layers: one `LayerWeights` per layer.
+    config: the model's (a rank's shard config under tensor parallelism: its heads and expert
+    channels); embed: bf16 [V, H]; final_norm: bf16 [H]; layers: one `LayerWeights` per layer;
+    head: the LM head, or None on a rank that does not sample (logits come back as [R, 0]);
+    all_reduce: None (one rank), or a function that sums a bf16 [T, H] tensor over the ranks
+    in place and returns it (applied to the o_proj and MoE partial outputs).
     """
 
     def __init__(self, config: KolibriConfig, embed: torch.Tensor, final_norm: torch.Tensor,
-                 layers: Sequence[LayerWeights], head: Head):
+                 layers: Sequence[LayerWeights], head: Head | None,
+                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config, self.embed, self.final_norm = config, embed, final_norm
-        self.layers, self.head = list(layers), head
+        self.layers, self.head, self.all_reduce = list(layers), head, all_reduce
         self.device = embed.device
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """The whole output from this rank's partial (identity at one rank)."""
+        return partial if self.all_reduce is None else self.all_reduce(partial)
 
     @torch.no_grad()
     def forward(self, meta: StepMetadata, caches: Sequence[Mapping[str, torch.Tensor]],
@@ -100,16 +115,19 @@ class PluginModel:
         for i, (w, cache) in enumerate(zip(self.layers, caches)):
             a = self._attention(i, w, ops.rms_norm(h, w.input_norm, self.config.rms_norm_eps),
                                 cache, meta, max_seq_len, max_q_len)
-            h = h + fp8_gemv(a, w.o_proj, w.o_scale)
+            h = h + self._reduce(fp8_gemv(a, w.o_proj, w.o_scale))
             x = ops.rms_norm(h, w.post_norm, self.config.rms_norm_eps)
             sh = w.shared or (None, None, None, None)
-            h = h + moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
-                                top_k=self.config.num_experts_per_tok,
-                                renormalize=self.config.norm_topk_prob)
+            h = h + self._reduce(moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale,
+                                             *sh, top_k=self.config.num_experts_per_tok,
+                                             renormalize=self.config.norm_topk_prob))
             if i in tap_layers:
                 taps.append(h)
         rows = h if all_rows else h[meta.logits_rows]
-        logits = self.head(ops.rms_norm(rows, self.final_norm, self.config.rms_norm_eps))
+        if self.head is None:
+            logits = rows.new_empty(rows.shape[0], 0)
+        else:
+            logits = self.head(ops.rms_norm(rows, self.final_norm, self.config.rms_norm_eps))
         return logits.float(), (torch.stack(taps, dim=1) if tap_layers else None)
 
     def _attention(self, i: int, w: LayerWeights, x: torch.Tensor,

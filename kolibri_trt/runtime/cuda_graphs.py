@@ -13,6 +13,13 @@ value stays finite, and the kernels give a real row the same bits whatever the p
 (`plugins/LAYOUTS.md` §Batch invariance). Other steps (prefill chunks, scoring) run eagerly
 with their own bounds (same bits). On CPU, or with graphs off, bucketed steps run the same padded inputs
 eagerly. Source of the technique: vLLM / TensorRT-LLM CUDA-graph batch buckets.
+
+Tensor parallelism: every rank runs its own `PluginRunner` over its shard and sees the same
+step metadata, so all ranks take the same bucket and warm up, capture and replay together; the
+model's NCCL all_reduce calls are captured into the graphs (the warm-up before each capture
+runs them eagerly first, which also creates the NCCL communicator). A capture that fails on a
+tensor-parallel model raises a RuntimeError that names `enforce_eager=True`, the way to run
+without graphs; there is no silent fallback.
 """
 
 from __future__ import annotations
@@ -129,8 +136,16 @@ class PluginRunner:
             self._run(padded, tap_layers)  # compiles kernels; writes what the replay rewrites
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits, taps = self._run(padded, tap_layers)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits, taps = self._run(padded, tap_layers)
+        except Exception as exc:
+            if self.model.all_reduce is None:
+                raise
+            raise RuntimeError(f"CUDA graph capture of a tensor-parallel step ({padded.num_tokens}"
+                               f"-token bucket, all_reduce captured in the graph) failed: "
+                               f"{exc}. Run with enforce_eager=True (no CUDA graphs on any "
+                               "rank)") from exc
         return graph, logits, taps
 
     def _fill(self, meta: StepMetadata, s_b: int, t_b: int) -> StepMetadata:

@@ -1,6 +1,10 @@
 """Loading an engine's target for the kernel path (`model/plugin_model.py`): the stored low-bit
 tensors go to the device as they are, regrouped into the kernels' layouts (`plugins/LAYOUTS.md`).
 
+`load_plugin_weights` reads one weight folder for one config: the whole target, or a
+tensor-parallel rank's shard (`runtime/tensor_parallel.py`: its q/k/v heads fused into one QKV
+weight per rank, its slice of every expert's gate/up rows and down columns).
+
 Fusions need shared scales: q/k/v_proj become one QKV weight and each expert's gate/up one
 w13, which is exact only because ModelOpt's export ties those per-tensor scales (checked here;
 an engine that breaks the rule is refused, not requantized).
@@ -46,14 +50,41 @@ def load_plugin_target(engine_dir: Path, manifest: Manifest, device: str | torch
     require_unsharded(manifest)
     folder = Path(engine_dir) / TARGET_DIR
     cfg = KolibriConfig.from_json(folder / "config.json")
+    return load_plugin_weights(folder, cfg, manifest, device)
+
+
+def load_plugin_weights(folder: Path, cfg: KolibriConfig, manifest: Manifest,
+                        device: str | torch.device, with_head: bool = True, all_reduce=None
+                        ) -> tuple[PluginModel, DrafterTarget, dict[int, tuple[float, float]]]:
+    """`load_plugin_target` from the weights in `folder` for a model of `cfg`: the whole target
+    (`target/`), or one tensor-parallel rank's shard config and folder (`target/rank{r}`, as
+    `engine_loader.load_target_weights`). with_head=False: a model without LM head (a rank
+    that does not sample; the stored head is not kept); all_reduce: `PluginModel`'s hook.
+    Same returns and errors as `load_plugin_target` (formats are the caller's to check)."""
     shapes = {**expected_engine_shapes(cfg, manifest.target_formats),
               **kv_tensor_shapes(cfg, manifest.kv)}
     t = load_tensors(folder, shapes, device=device)
-    layers = [_layer(cfg, t, i, folder) for i in range(cfg.num_hidden_layers)]
-    head = Head(manifest.target_formats["lm_head"], t["lm_head.weight"],
-                t["lm_head.weight_scale"], t.get("lm_head.weight_scale_2"))
+    return plugin_model_from_tensors(t, cfg, manifest.target_formats, folder, with_head,
+                                     all_reduce)
+
+
+def plugin_model_from_tensors(t: dict[str, torch.Tensor], cfg: KolibriConfig,
+                              formats: dict[str, str], source: Path | str,
+                              with_head: bool = True, all_reduce=None
+                              ) -> tuple[PluginModel, DrafterTarget, dict[int, tuple]]:
+    """The tensor-dict -> `PluginModel` part of `load_plugin_weights`, for engine tensors
+    already in memory (names, dtypes and shapes of `expected_engine_shapes` +
+    `kv_tensor_shapes`, on the model's device; e.g. `builder/synthetic.py`). formats: the
+    manifest's target formats; source: what errors name. Each layer's fused weights are popped
+    from `t` as they are regrouped (peak memory: the tensors plus one layer). Same returns and
+    errors as `load_plugin_target`."""
+    layers = [_layer(cfg, t, i, Path(source)) for i in range(cfg.num_hidden_layers)]
+    head = None
+    if with_head:
+        head = Head(formats["lm_head"], t["lm_head.weight"],
+                    t["lm_head.weight_scale"], t.get("lm_head.weight_scale_2"))
     embed = t["model.embed_tokens.weight"]
-    model = PluginModel(cfg, embed, t["model.norm.weight"], layers, head)
+    model = PluginModel(cfg, embed, t["model.norm.weight"], layers, head, all_reduce)
     head_shape = torch.empty(cfg.vocab_size, cfg.hidden_size, device="meta")
     scales = {i: (float(t[f"model.layers.{i}.self_attn.k_scale"]),
                   float(t[f"model.layers.{i}.self_attn.v_scale"]))

@@ -1,4 +1,6 @@
-"""Tensor parallelism on the reference path: one rank's shard of the target, and its all-reduces.
+"""Tensor parallelism: one rank's shard of the target and its all-reduces, on the reference path
+(`load_target_shard`) and on the kernel path (`load_plugin_shard`); `build_rank` makes either
+into the rank's KV cache and runner.
 
 Each rank builds `KolibriForCausalLM` from its shard config (`builder.tp_shard.shard_config`:
 query / KV heads and the routed / shared intermediate sizes divided by tp_size) and loads its
@@ -15,6 +17,18 @@ the rank's heads (its cache holds only its KV heads). `shard_modules` then swaps
   k+1 rows per token instead of one, so that TP differs from TP1 only by the order of the fp32
   sums (the price of exactness on the reference path; a fused GPU MoE would reduce once);
 - `lm_head` on ranks > 0 -> `SkippedHead` (only rank 0 samples; every shard stores the head).
+
+Kernel path (`model_impl="plugins"`): the rank's shard goes into a `PluginModel` of the shard
+config (`plugin_loader.load_plugin_weights`: its q/k/v heads fused into one QKV weight, its
+o_proj input columns, each expert's and the shared expert's gate/up rows and down columns; the
+router, embedding, norms and KV scales / rotations replicated; no head on ranks > 0) with the
+hook `AllReduce`: the bf16 [T, H] partial outputs of o_proj and of the fused MoE op are summed
+over the ranks (one all_reduce each, in bf16, as TensorRT-LLM and vLLM do) before the residual
+add. Each rank runs a `PluginRunner` over its shard; every rank sees the same step metadata, so
+they pick the same CUDA-graph buckets and capture / replay in lockstep. On CUDA the NCCL
+all_reduce is captured inside the graphs (the eager warm-up run before each capture has already
+run the collectives, which creates the NCCL communicator first); `enforce_eager=True` runs every
+step eagerly on every rank instead (the documented way out; nothing falls back silently).
 
 Precision: splitting a K-sum across ranks changes the fp32 summation order, so a rounded
 result can differ by one ulp of the model dtype where the fp32 sum sits on a rounding
@@ -37,7 +51,12 @@ from ..config import KolibriConfig
 from ..engine_format import TARGET_DIR, rank_dir
 from ..model import ops
 from ..model.reference import KolibriForCausalLM, MoE
+from .cuda_graphs import PluginRunner
+from .engine import EngineArgs, plan_cache
 from .engine_loader import Manifest, load_target_weights
+from .kv_cache import KVCache
+from .model_runner import ModelRunner
+from .plugin_loader import check_gpu_formats, load_plugin_weights
 
 
 def check_tensor_parallel_size(manifest: Manifest, tensor_parallel_size) -> None:
@@ -139,6 +158,15 @@ def shard_modules(model: KolibriForCausalLM, rank: int, group=None) -> KolibriFo
     return model
 
 
+def _check_rank(engine_dir: Path, manifest: Manifest, rank: int) -> None:
+    tp = manifest.tp_size
+    if tp < 2:
+        raise ValueError(f"tensor_parallel_size: the engine {Path(engine_dir)} is not sharded "
+                         "(manifest tp_size 1)")
+    if not 0 <= rank < tp:
+        raise ValueError(f"rank: must be in [0, {tp}), got {rank}")
+
+
 def load_target_shard(engine_dir: Path, manifest: Manifest, rank: int,
                       device: torch.device | str, group=None):
     """Rank `rank`'s target from `engine_dir/target/rank{rank}` with its parallel modules.
@@ -148,14 +176,75 @@ def load_target_shard(engine_dir: Path, manifest: Manifest, rank: int,
     Raises ValueError naming tensor_parallel_size (an unsharded engine), rank (out of range)
     or the config field tp_size cannot split; CheckpointError for a missing / mis-shaped tensor.
     """
-    tp = manifest.tp_size
-    if tp < 2:
-        raise ValueError(f"tensor_parallel_size: the engine {Path(engine_dir)} is not sharded "
-                         "(manifest tp_size 1)")
-    if not 0 <= rank < tp:
-        raise ValueError(f"rank: must be in [0, {tp}), got {rank}")
+    _check_rank(engine_dir, manifest, rank)
     folder = Path(engine_dir) / TARGET_DIR
     full = KolibriConfig.from_json(folder / "config.json")
     model, rotations, scales = load_target_weights(folder / rank_dir(rank),
-                                                   shard_config(full, tp), manifest, device)
+                                                   shard_config(full, manifest.tp_size),
+                                                   manifest, device)
     return shard_modules(model, rank, group), rotations, scales, full
+
+
+class AllReduce:
+    """`PluginModel`'s all_reduce hook: sums a tensor over `group` in place (SUM) and returns
+    it. Plain collective calls, so a CUDA graph captures them (NCCL)."""
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def __call__(self, partial: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(partial, op=dist.ReduceOp.SUM, group=self.group)
+        return partial
+
+
+def load_plugin_shard(engine_dir: Path, manifest: Manifest, rank: int,
+                      device: torch.device | str, group=None):
+    """Rank `rank`'s target for the kernel path (module docstring): a `PluginModel` of the
+    shard config with the `AllReduce` hook (no head on ranks > 0).
+
+    Returns (model, DrafterTarget (the replicated embedding, the whole head's shape), kv
+    scales {layer: (k_scale, v_scale)}, the whole model's KolibriConfig).
+    Raises ValueError as `load_target_shard`, and naming the weight group whose format the
+    kernels do not run (`check_gpu_formats`); CheckpointError as `load_plugin_target`.
+    """
+    _check_rank(engine_dir, manifest, rank)
+    check_gpu_formats(manifest)
+    folder = Path(engine_dir) / TARGET_DIR
+    full = KolibriConfig.from_json(folder / "config.json")
+    model, target, scales = load_plugin_weights(
+        folder / rank_dir(rank), shard_config(full, manifest.tp_size), manifest, device,
+        with_head=rank == 0, all_reduce=AllReduce(group))
+    return model, target, scales, full
+
+
+def resolve_model_impl(model_impl: str, device: torch.device) -> str:
+    """"reference" or "plugins" for EngineArgs.model_impl ("auto": plugins on CUDA, as at
+    TP1)."""
+    if model_impl == "auto":
+        return "plugins" if device.type == "cuda" else "reference"
+    return model_impl
+
+
+def build_rank(engine_dir: Path, manifest: Manifest, args: EngineArgs, rank: int,
+               device: torch.device, impl: str):
+    """Rank `rank`'s shard, its KV cache (only its KV heads; kv_cache_memory is per rank) and
+    its runner: a `ModelRunner` (impl "reference") or a `PluginRunner` (impl "plugins"; CUDA
+    graphs on CUDA unless args.enforce_eager).
+
+    Returns (runner, cache, what the drafter borrows (the reference shard model, or the
+    plugin path's DrafterTarget), the whole model's KolibriConfig).
+    """
+    if impl == "plugins":
+        model, target, scales, full = load_plugin_shard(engine_dir, manifest, rank, device)
+    else:
+        model, rotations, scales, full = load_target_shard(engine_dir, manifest, rank, device)
+        target = model
+    geometry = plan_cache(model.config, manifest.kv, args, args.max_num_batched_tokens)
+    cache = KVCache(model.config, manifest.kv, geometry, scales, device)
+    if impl == "plugins":
+        runner = PluginRunner(model, cache.layers, args.max_num_seqs, args.max_model_len,
+                              1 + args.num_speculative_tokens, args.block_size,
+                              use_graphs=device.type == "cuda" and not args.enforce_eager)
+    else:
+        runner = ModelRunner(model, cache, rotations)
+    return runner, cache, target, full

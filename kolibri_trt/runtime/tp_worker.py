@@ -30,15 +30,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .engine import EngineArgs, LLMEngine, plan_cache
+from .engine import EngineArgs, LLMEngine
 from .engine_loader import Manifest
-from .kv_cache import KVCache
-from .model_runner import ModelRunner
+from .plugin_loader import check_gpu_formats
 from .tensor_parallel import (
+    build_rank,
     check_tensor_parallel_size,
-    load_target_shard,
     meta_to,
     rank_device,
+    resolve_model_impl,
 )
 
 # A step's all-reduces take milliseconds; a peer silent this long is stuck or gone.
@@ -95,8 +95,8 @@ def worker_main(rank: int, tp: int, port: int, engine_dir: str, args: EngineArgs
         dist.init_process_group(_backend(dev), init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=tp,
                                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        runner = _build_runner(Path(engine_dir), args, rank, dev)
-        _send(conn, ("ready", rank, runner.cache.geometry))
+        runner, geometry = _build_runner(Path(engine_dir), args, rank, dev)
+        _send(conn, ("ready", rank, geometry))
         _serve(conn, runner, dev)
     except BaseException:                        # noqa: BLE001 - reported, then the process ends
         try:
@@ -108,18 +108,19 @@ def worker_main(rank: int, tp: int, port: int, engine_dir: str, args: EngineArgs
             dist.destroy_process_group()
 
 
-def _build_runner(engine_dir: Path, args: EngineArgs, rank: int, dev: torch.device
-                  ) -> ModelRunner:
-    """The rank's shard model over its own KV cache (same geometry as rank 0's)."""
-    manifest = Manifest.read(engine_dir)
-    model, rotations, scales, _ = load_target_shard(engine_dir, manifest, rank, dev)
-    geometry = plan_cache(model.config, manifest.kv, args, args.max_num_batched_tokens)
-    cache = KVCache(model.config, manifest.kv, geometry, scales, dev)
-    return ModelRunner(model, cache, rotations)
+def _build_runner(engine_dir: Path, args: EngineArgs, rank: int, dev: torch.device):
+    """The rank's shard model over its own KV cache (same geometry as rank 0's): a
+    `ModelRunner` or a `PluginRunner` (same model_impl, buckets and graph use as rank 0).
+    Returns (runner, cache geometry)."""
+    impl = resolve_model_impl(args.model_impl, dev)
+    runner, cache, _, _ = build_rank(engine_dir, Manifest.read(engine_dir), args, rank, dev,
+                                     impl)
+    return runner, cache.geometry
 
 
-def _serve(conn, runner: ModelRunner, dev: torch.device) -> None:
-    """Run every ("forward", meta, tap_layers) that rank 0 sends, until ("stop",) or EOF."""
+def _serve(conn, runner, dev: torch.device) -> None:
+    """Run every ("forward", meta, tap_layers) and ("capture_all", tap_layers) that rank 0
+    sends, until ("stop",) or EOF."""
     while True:
         try:
             msg = _recv(conn)
@@ -127,9 +128,12 @@ def _serve(conn, runner: ModelRunner, dev: torch.device) -> None:
             return                               # the parent process is gone
         if msg[0] == "stop":
             return
-        if msg[0] != "forward":
+        if msg[0] == "forward":
+            runner.forward(meta_to(msg[1], dev), msg[2])
+        elif msg[0] == "capture_all":
+            runner.capture_all(msg[1])
+        else:
             raise ValueError(f"unknown tensor-parallel command {msg[0]!r}")
-        runner.forward(meta_to(msg[1], dev), msg[2])
 
 
 # ---- the rank-0 side ----------------------------------------------------------------------
@@ -235,7 +239,10 @@ class TPGroup:
 
     def send_step(self, meta, tap_layers: tuple[int, ...]) -> None:
         """Hand one forward pass to every worker (metadata moved to CPU for the pipe)."""
-        msg = ("forward", meta_to(meta, "cpu"), tuple(tap_layers))
+        self.send(("forward", meta_to(meta, "cpu"), tuple(tap_layers)))
+
+    def send(self, msg: tuple) -> None:
+        """Send one command to every worker."""
         for conn in self.conns:
             _send(conn, msg)
 
@@ -269,16 +276,27 @@ class TPDriverRunner:
     """Rank 0's runner: sends each step to the workers, then runs its own shard's forward
     (the full logits and taps come out of rank 0). Other attributes are the inner runner's."""
 
-    def __init__(self, runner: ModelRunner, group: TPGroup):
+    def __init__(self, runner, group: TPGroup):
         self.runner, self.group = runner, group
 
     def forward(self, meta, tap_layers: tuple[int, ...] = ()):
         """As `ModelRunner.forward`; raises TPError when a rank fails (the group stops)."""
+        return self._together(lambda: self.group.send_step(meta, tap_layers),
+                              lambda: self.runner.forward(meta, tap_layers))
+
+    def capture_all(self, tap_layers: tuple[int, ...] = ()) -> int:
+        """`PluginRunner.capture_all` on every rank at once (the same buckets in the same
+        order, so the warm-up all-reduces pair up); raises TPError as `forward`."""
+        return self._together(lambda: self.group.send(("capture_all", tuple(tap_layers))),
+                              lambda: self.runner.capture_all(tap_layers))
+
+    def _together(self, send, run):
+        """send() the command to the workers, then run() rank 0's part."""
         if self.group.failed is not None:
             raise TPError(f"the tensor-parallel group stopped earlier; {self.group.failed}")
         try:
-            self.group.send_step(meta, tap_layers)
-            return self.runner.forward(meta, tap_layers)
+            send()
+            return run()
         except BaseException as exc:
             error = self.group.fail(exc)
             if not isinstance(exc, Exception):
@@ -294,11 +312,15 @@ class TPLLMEngine(LLMEngine):
 
     The hook is `LLMEngine._load_target`, overridden to load rank 0's shard, plan the cache
     from the shard config (kv_cache_memory is per rank) and wrap the runner. `config` is the
-    whole model's. Call `shutdown()` when done (garbage collection does it too).
+    whole model's. model_impl as at TP1: "reference" (the reference modules), "plugins" (the
+    kernel path, `PluginRunner` on every rank; on CUDA, unless enforce_eager, every bucket's
+    CUDA graph, NCCL all-reduces included, is captured at start-up on all ranks together),
+    "auto" (plugins on CUDA, reference on CPU). Call
+    `shutdown()` when done (garbage collection does it too).
 
     Raises:
         ValueError: naming tensor_parallel_size (not the engine's tp_size, not enough CUDA
-            devices) or model_impl (only the reference modules run sharded so far);
+            devices) or the weight group the kernel path cannot run (model_impl "plugins");
         TPError: a worker failed to start or load (its traceback in the message).
     """
 
@@ -307,10 +329,10 @@ class TPLLMEngine(LLMEngine):
                  tensor_parallel_size: int = 2):
         args = args or EngineArgs()
         dev = torch.device(device)
-        check_tensor_parallel_size(Manifest.read(engine_dir), tensor_parallel_size)
-        if args.model_impl not in ("auto", "reference"):
-            raise ValueError(f"model_impl: tensor parallelism runs the reference modules so "
-                             f"far ('auto' or 'reference'), got {args.model_impl!r}")
+        manifest = Manifest.read(engine_dir)
+        check_tensor_parallel_size(manifest, tensor_parallel_size)
+        if resolve_model_impl(args.model_impl, dev) == "plugins":
+            check_gpu_formats(manifest)          # before any worker is spawned
         if dev.type == "cuda" and torch.cuda.device_count() < (dev.index or 0) + \
                 tensor_parallel_size:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: needs that many "
@@ -319,21 +341,21 @@ class TPLLMEngine(LLMEngine):
         try:
             super().__init__(engine_dir, speculative, args, device)
             self.tp_group.wait_ready(self.cache.geometry)
+            if getattr(self.runner.runner, "use_graphs", False):
+                self.runner.capture_all(self.tap_layers)   # all ranks, as LLMEngine at TP1
         except BaseException:
             self.tp_group.shutdown()
             raise
 
     def _load_target(self, engine_dir: Path):
-        """Rank 0's shard, its cache (only its KV heads) and the driving runner; returns the
-        shard model (its embedding and head are whole: what the drafter borrows)."""
-        model, rotations, scales, full = load_target_shard(engine_dir, self.manifest, 0,
-                                                           self.device)
-        args = self.args
-        geometry = plan_cache(model.config, self.manifest.kv, args, args.max_num_batched_tokens)
-        self.cache = KVCache(model.config, self.manifest.kv, geometry, scales, self.device)
-        self.config, self.model_impl = full, "reference"
-        self.runner = TPDriverRunner(ModelRunner(model, self.cache, rotations), self.tp_group)
-        return model
+        """Rank 0's shard, its cache (only its KV heads) and the driving runner; returns what
+        the drafter borrows (the shard's embedding is whole, and so is its head)."""
+        impl = resolve_model_impl(self.args.model_impl, self.device)
+        runner, self.cache, target, full = build_rank(engine_dir, self.manifest, self.args, 0,
+                                                      self.device, impl)
+        self.config, self.model_impl = full, impl
+        self.runner = TPDriverRunner(runner, self.tp_group)
+        return target
 
     def shutdown(self) -> None:
         """Stop the worker processes and the process group (idempotent)."""
