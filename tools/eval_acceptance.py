@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Acceptance of the block drafter on prompts no checkpoint trained on, through a built engine:
+
+    python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
+        [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu]
+        [--json out.json]
+
+Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
+categories and HumanEval (`shared/data/prompts`), one stream at a time.
+1. End to end with `kolibri_trt.LLM`, for speculative = off, copy, drafter, copy+drafter,
+   greedy and sampled: decode tokens/s per category (after the first token; the JSON also
+   has tokens/s over the whole wall time), tau (tokens per target pass), per-position
+   acceptance and the number of requests whose tokens differ from "off" (must be 0).
+2. On the target's own output of step 1 (greedy, and sampled with the same seed), the
+   seed's acceptance figures: for every anchor of the generated part, one drafter pass (the
+   engine's target taps and drafter weights, dequantized, predecessor = the drafter's own
+   previous draft as served) is compared with the tokens the target produced: accepted
+   tokens per round of 3 and of 4 drafts (the leading matches, capped) and position 1-4
+   agreement (each row's draft equals the target's token, whatever the rows before did).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+import gpu_env  # noqa: E402,F401
+import fast_drafter  # noqa: E402
+
+from kolibri_trt import LLM, SamplingParams  # noqa: E402
+from kolibri_trt.prompts import load_prompts  # noqa: E402
+from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
+
+PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
+CATEGORIES = ("translation", "mt_bench", "rag", "summarization")
+MODES = ("off", "copy", "drafter", "copy+drafter")
+ROUNDS = (3, 4)
+SAMPLED_SEED = 1
+
+
+def load_eval_prompts(args) -> list:
+    out = load_prompts(PROMPTS / "spec_bench_question.jsonl", per_category=args.per_category,
+                       categories=CATEGORIES)
+    if args.humaneval:
+        out += load_prompts(PROMPTS / "human_eval.jsonl.gz", limit=args.humaneval)
+    return out
+
+
+def prompt_ids(llm, prompt, template: str) -> list[int]:
+    if template == "chat":
+        return llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}])
+    return llm.tokenizer.encode(prompt.text, add_bos=True)
+
+
+def run_mode(args, mode: str, prompts, temps) -> dict:
+    """Generate every prompt (one stream) per temperature; timings and metrics per category."""
+    llm = LLM(args.engine, speculative=mode, max_num_seqs=1, max_model_len=args.max_model_len,
+              device=args.device)
+    out = {}
+    for temp in temps:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=temp,
+                                seed=SAMPLED_SEED, ignore_eos=True)
+        llm.generate(prompt_ids(llm, prompts[0], args.template)[:8], SamplingParams(max_tokens=2))
+        rows = {}
+        for cat in dict.fromkeys(p.category for p in prompts):
+            ps = [p for p in prompts if p.category == cat]
+            ids = [prompt_ids(llm, p, args.template) for p in ps]
+            t0 = time.perf_counter()
+            res = llm.generate(ids, params)
+            dt = time.perf_counter() - t0
+            m = SpecMetrics()
+            for r in res:
+                m.merge(r.metrics.spec)
+            dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
+            dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
+            rows[cat] = {"tokens_per_s": sum(len(r.token_ids) for r in res) / dt,
+                         "decode_tokens_per_s": dec_n / dec_t if dec_t > 0 else None,
+                         "tau": m.acceptance_length,
+                         "per_position": [round(x, 3) for x in m.acceptance_rate_per_position],
+                         "prompt_ids": ids, "token_ids": [r.token_ids for r in res]}
+        out[temp] = rows
+    return out
+
+
+@torch.no_grad()
+def teacher_forced(target, drafter, prompt: list[int], output: list[int]) -> list[list[bool]]:
+    """Per anchor of the generated part: [row j's draft == the target's token] for the rows
+    whose token exists. prompt/output: token ids."""
+    seq = torch.tensor(prompt + output, dtype=torch.long)
+    _, taps = target(seq[None], tap_layers=drafter.config.target_layer_ids)
+    n, first = len(seq), len(prompt) - 1
+    x = fast_drafter.block_states(drafter, taps.float(), torch.cat([seq[1:], seq[-1:]])[None])
+    _, drafts = fast_drafter.block_logits(drafter, x, None)
+    rows = []
+    for p in range(first, n - 2):
+        rows.append([bool(drafts[0, p, j] == seq[p + 2 + j])
+                     for j in range(drafter.config.block_size) if p + 2 + j < n])
+    return rows
+
+
+def acceptance(rows: list[list[bool]], block: int) -> dict:
+    """Accepted per round of k drafts (leading matches capped at k, anchors with k tokens
+    ahead) and per-position agreement."""
+    out = {}
+    for k in ROUNDS:
+        full = [r for r in rows if len(r) >= k]
+        lead = [next((i for i, ok in enumerate(r[:k]) if not ok), k) for r in full]
+        out[f"accepted_per_round_{k}"] = round(sum(lead) / len(lead), 3) if lead else None
+    out["agreement"] = [round(sum(r[j] for r in rows if len(r) > j)
+                              / max(1, sum(len(r) > j for r in rows)), 3) for j in range(block)]
+    return out
+
+
+def offline_acceptance(args, results) -> dict:
+    """Step 2 on the engine's dequantized fp32 models, per temperature and category."""
+    from kolibri_trt.runtime.engine_loader import Manifest, load_drafter, load_target
+    manifest = Manifest.read(args.engine)
+    target, _, _ = load_target(args.engine, manifest, "cpu")
+    target = target.float()
+    drafter = load_drafter(args.engine, manifest, target, "cpu").float()
+    drafter.head_slice = drafter.head_slice.float()
+    out = {}
+    for temp, cats in results["off"].items():
+        for cat, r in cats.items():
+            rows = [x for p, o in zip(r["prompt_ids"], r["token_ids"])
+                    for x in teacher_forced(target, drafter, p, o)]
+            out.setdefault(str(temp), {})[cat] = acceptance(rows, drafter.config.block_size)
+    return out
+
+
+def report(results, offline) -> None:
+    for temp, cats in offline.items():
+        print(f"\n== temperature {temp}: drafter acceptance on the target's own output")
+        print(f"{'category':<15}{'round 3':>9}{'round 4':>9}   position 1/2/3/4 agreement")
+        for cat, a in cats.items():
+            print(f"{cat:<15}{a['accepted_per_round_3']!s:>9}{a['accepted_per_round_4']!s:>9}"
+                  f"   {' / '.join(f'{x:.3f}' for x in a['agreement'])}")
+        print(f"{'category':<15}" + "".join(f"{m:>14}" for m in MODES) +
+              "   decode tok/s (tau)")
+        for cat in cats:
+            cells = []
+            for m in MODES:
+                r = results[m][float(temp)][cat]
+                tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+                cells.append(f"{r['decode_tokens_per_s'] or 0:7.1f} ({tau})")
+            print(f"{cat:<15}" + "".join(f"{c:>14}" for c in cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", type=Path, required=True)
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--humaneval", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
+    ap.add_argument("--template", choices=("raw", "chat"), default="raw")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    prompts = load_eval_prompts(args)
+    results = {m: run_mode(args, m, prompts, args.temperatures) for m in MODES}
+    for m in MODES:
+        for temp, cats in results[m].items():
+            for cat, r in cats.items():
+                off = results["off"][temp][cat]["token_ids"]
+                r["mismatches_vs_off"] = sum(a != b for a, b in zip(r["token_ids"], off))
+    offline = offline_acceptance(args, results)
+    report(results, offline)
+    bad = sum(r["mismatches_vs_off"] for m in MODES for c in results[m].values()
+              for r in c.values())
+    print(f"\nrequests that differ from speculative='off': {bad} (must be 0)")
+    if args.json:
+        slim = {m: {str(t): {c: {k: v for k, v in r.items() if k not in ("prompt_ids",
+                                                                         "token_ids")}
+                             for c, r in cats.items()} for t, cats in res.items()}
+                for m, res in results.items()}
+        args.json.write_text(json.dumps({"end_to_end": slim, "acceptance": offline}, indent=1))
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
