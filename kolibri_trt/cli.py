@@ -78,7 +78,8 @@ def _generate(args: argparse.Namespace) -> int:
     from .sampling import SamplingParams
 
     llm = LLM(args.engine, speculative=args.speculative, max_num_seqs=args.max_num_seqs,
-              device=args.device, enforce_eager=args.enforce_eager)
+              device=args.device, enforce_eager=args.enforce_eager,
+              acceptance_method=args.acceptance_method)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed)
     prompts = _prompts(args)
@@ -182,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-num-seqs", type=int, default=8)
     gen.add_argument("--device", default="cpu", help="cpu | cuda[:N] (CUDA: plugins/ kernels)")
     gen.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs")
+    gen.add_argument("--acceptance-method", default="position-keyed",
+                     help="position-keyed | rejection_sampler (sampled drafts)")
     gen.set_defaults(func=_generate)
     _serve_parser(sub)
 
