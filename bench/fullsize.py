@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib.util
 import json
 import math
 import platform
@@ -60,14 +59,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
-if importlib.util.find_spec("kolibri_trt_plugins") is None:   # repo not pip-installed
-    _spec = importlib.util.spec_from_file_location(
-        "kolibri_trt_plugins", ROOT / "plugins" / "__init__.py",
-        submodule_search_locations=[str(ROOT / "plugins")])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["kolibri_trt_plugins"] = _mod
-    _spec.loader.exec_module(_mod)
+sys.path.insert(0, str(ROOT / "bench"))
+import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
 
 from kolibri_trt_plugins import (fp8_gemv, fp8_kv_write, fp8_paged_attention,  # noqa: E402
                                  moe_route, nvfp4_gemv)

@@ -19,24 +19,14 @@ Timings: tokens/s per mode and stream count, graphs vs eager. Results: DIR/gpu_r
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-if importlib.util.find_spec("kolibri_trt_plugins") is None:   # repo not pip-installed
-    _spec = importlib.util.spec_from_file_location(
-        "kolibri_trt_plugins", ROOT / "plugins" / "__init__.py",
-        submodule_search_locations=[str(ROOT / "plugins")])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["kolibri_trt_plugins"] = _mod
-    _spec.loader.exec_module(_mod)
+sys.path.insert(0, str(ROOT / "bench"))
+import standalone  # noqa: E402  (repository on sys.path; plugins/ by path)
 
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
@@ -48,8 +38,7 @@ DEVICE = ["cuda"]   # --device cpu: a dry run of this script on the kernels' tor
 
 
 def check(name: str, ok: bool, detail: str = "") -> None:
-    RESULTS["checks"][name] = {"ok": bool(ok), "detail": detail}
-    print(f"{'PASS' if ok else 'FAIL'} {name} {detail}", flush=True)
+    standalone.record(RESULTS, name, ok, detail)
 
 
 def make_engines(out: Path) -> None:
@@ -79,6 +68,23 @@ def check_kv_write() -> None:
     check("fp8_kv_write GPU == reference", same)
 
 
+def check_capture_all(eng, tag: str) -> None:
+    """Graphs were captured at engine start-up, and capturing all buckets again writes
+    nothing into the KV cache (the steps are all padding)."""
+    from kolibri_trt.runtime.cuda_graphs import PluginRunner
+    runner, g = eng.runner, eng.cache.geometry
+    check(f"{tag}: graphs captured at start-up", len(runner.graphs) > 0,
+          f"{len(runner.graphs)} graphs")
+    snapshot = [{k: v.clone() for k, v in c.items()} for c in runner.caches]
+    fresh = PluginRunner(runner.model, runner.caches, eng.args.max_num_seqs,
+                         eng.args.max_model_len, runner.max_q_len, g.block_size)
+    n = fresh.capture_all()
+    same = all(torch.equal(a[k].reshape(-1).view(torch.uint8),
+                           c[k].reshape(-1).view(torch.uint8))
+               for a, c in zip(snapshot, runner.caches) for k in a)
+    check(f"{tag}: capture_all ({n} graphs) leaves the KV cache untouched", same)
+
+
 def check_graph_step(engine: Path, tag: str) -> None:
     """Prefill 3 prompts, then one decode + verification step through the bucket's graph."""
     from kolibri_trt.runtime.batch import build_metadata
@@ -98,17 +104,8 @@ def check_graph_step(engine: Path, tag: str) -> None:
     meta = build_metadata([ScheduledSeq(s, s.num_computed, 1) for s in seqs], g.block_size,
                           g.ring_blocks, {seqs[1].request_id: [5, 6, 7]})
     runner = eng.runner
-    check(f"{tag}: graphs captured at start-up", len(runner.graphs) > 0,
-          f"{len(runner.graphs)} graphs")
-    snapshot = [{k: v.clone() for k, v in c.items()} for c in runner.caches]
-    fresh = PluginRunner(runner.model, runner.caches, eng.args.max_num_seqs,
-                         eng.args.max_model_len, runner.max_q_len, g.block_size)
-    n = fresh.capture_all()
-    same = all(torch.equal(a[k].reshape(-1).view(torch.uint8),
-                           c[k].reshape(-1).view(torch.uint8))
-               for a, c in zip(snapshot, runner.caches) for k in a)
-    check(f"{tag}: capture_all ({n} graphs) leaves the KV cache untouched", same)
-    del fresh
+    if DEVICE[0] != "cpu":   # no CUDA graphs in a CPU dry run
+        check_capture_all(eng, tag)
     first, _ = runner.forward(meta)
     second, _ = runner.forward(meta)
     eager = PluginRunner(runner.model, runner.caches, eng.args.max_num_seqs,
@@ -192,19 +189,7 @@ def main() -> int:
                   (f"{kv} agreement", lambda e=engine, t=kv: check_agreement(e, t, prompts)),
                   (f"{kv} lossless", lambda e=engine, t=kv: lossless_and_speed(
                       e, t, prompts, args.max_tokens))]
-    t0 = time.time()
-    for name, fn in steps:
-        try:
-            fn()
-        except Exception:
-            check(f"{name} ran", False, traceback.format_exc()[-3000:])
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_runtime.json").write_text(json.dumps(RESULTS, indent=1))
-    failed = [n for n, c in RESULTS["checks"].items() if not c["ok"]]
-    print(f"{len(RESULTS['checks']) - len(failed)}/{len(RESULTS['checks'])} checks passed "
-          f"in {time.time() - t0:.0f} s; failed: {failed}")
-    return 1 if failed else 0
-
+    return standalone.run_steps(steps, RESULTS, args.out / "gpu_runtime.json")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,7 +31,6 @@ Exit status 1 when a configuration failed or graphs and eager disagree.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import sys
@@ -43,14 +42,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-if importlib.util.find_spec("kolibri_trt_plugins") is None:   # repo not pip-installed
-    _spec = importlib.util.spec_from_file_location(
-        "kolibri_trt_plugins", ROOT / "plugins" / "__init__.py",
-        submodule_search_locations=[str(ROOT / "plugins")])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["kolibri_trt_plugins"] = _mod
-    _spec.loader.exec_module(_mod)
+sys.path.insert(0, str(ROOT / "bench"))
+import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
 
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402

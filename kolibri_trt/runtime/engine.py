@@ -19,6 +19,7 @@ from ..engine_format import TARGET_DIR
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
+from ..spec.plugin_drafter_proposer import PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
 from ..spec.speculator import Speculator
 from ..spec.verify import rejection_sample, target_probs, verify
@@ -138,16 +139,27 @@ class LLMEngine:
                                    self.args.max_num_batched_tokens)
         self.requests: dict[str, tuple[Sequence, OutputProcessor, RequestOutput]] = {}
         self._ids = itertools.count()
-        proposer = None
-        if "drafter" in speculative:
-            drafter = load_drafter(Path(engine_dir), self.manifest, target, device)
-            depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
-            proposer = DrafterProposer(drafter, depth)
+        proposer = self._load_proposer(Path(engine_dir), target) if "drafter" in speculative \
+            else None
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
         if isinstance(self.runner, PluginRunner) and self.runner.use_graphs:
             self.runner.capture_all(self.tap_layers)
+            if isinstance(proposer, PluginDrafterProposer):
+                proposer.capture_all()
+
+    def _load_proposer(self, engine_dir: Path, target):
+        """The block drafter as a proposer: its kernel path (`PluginDrafterProposer`, CUDA
+        graphs on CUDA) next to the target's kernel path, else the reference modules."""
+        if self.model_impl == "plugins":
+            return PluginDrafterProposer.load(
+                engine_dir, self.manifest, target, self.device, self.args.drafter_depth,
+                self.args.max_num_seqs,
+                use_graphs=self.device.type == "cuda" and not self.args.enforce_eager)
+        drafter = load_drafter(engine_dir, self.manifest, target, self.device)
+        depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
+        return DrafterProposer(drafter, depth)
 
     # Tensor-parallel hook: `tp_worker.TPLLMEngine` overrides this (rank 0's shard, a per-rank
     # cache, a runner that hands each step to the other ranks); keep name and contract.

@@ -185,17 +185,17 @@ def _assign(model: nn.Module, tensors: dict[str, torch.Tensor], fmt_of) -> None:
     model.load_state_dict(plain, strict=True, assign=True)
 
 
-def load_drafter(engine_dir: Path, manifest: Manifest, target: KolibriForCausalLM,
-                 device: str | torch.device):
-    """The block drafter of `engine_dir/drafter`, bound to the loaded target; its head is the
-    stored draft-vocabulary slice (`lm_head.*`, dequantized), not the target's full head.
+def read_drafter_engine(engine_dir: Path, manifest: Manifest, target, device):
+    """What both drafter loaders read from `engine_dir/drafter`: (DrafterConfig, the
+    DrafterTarget bound to `target`, draft vocabulary int64 [Vd], stored tensors by name on
+    `device`, the manifest's drafter formats, name -> format).
 
     Raises:
         CheckpointError: the engine has no drafter, or its files are bad (names file/tensor).
     """
     from ..drafter import DrafterConfig, DrafterTarget, KolibriBlockDrafter
     from ..drafter.block_drafter import DRAFT_VOCAB, check_fits_target, read_draft_vocab
-    folder = engine_dir / DRAFTER_DIR
+    folder = Path(engine_dir) / DRAFTER_DIR
     if not manifest.drafter_formats or not folder.is_dir():
         raise CheckpointError(folder, "this engine has no drafter (build it with one, or use "
                               "speculative='off' or 'copy')")
@@ -209,6 +209,20 @@ def load_drafter(engine_dir: Path, manifest: Manifest, target: KolibriForCausalL
     fmt_of = lambda name: formats[drafter_weight_group(name)] \
         if drafter_weight_group(name) != "norms" else "bf16"  # noqa: E731
     tensors = load_tensors(folder, quantized_shapes(base, fmt_of), device=device)
+    return cfg, tgt, vocab, tensors, formats, fmt_of
+
+
+def load_drafter(engine_dir: Path, manifest: Manifest, target: KolibriForCausalLM,
+                 device: str | torch.device):
+    """The block drafter of `engine_dir/drafter`, bound to the loaded target; its head is the
+    stored draft-vocabulary slice (`lm_head.*`, dequantized), not the target's full head.
+
+    Raises:
+        CheckpointError: the engine has no drafter, or its files are bad (names file/tensor).
+    """
+    from ..drafter import KolibriBlockDrafter
+    cfg, tgt, vocab, tensors, formats, fmt_of = read_drafter_engine(engine_dir, manifest, target,
+                                                                    device)
     with torch.device("meta"):
         model = KolibriBlockDrafter(cfg, tgt, torch.empty(0, dtype=torch.long))
     head = dequantize(tensors, "lm_head", formats["head"])

@@ -19,11 +19,12 @@ import torch
 from ..checkpoint import load_tensors
 from ..config import KolibriConfig
 from ..drafter import DrafterTarget
+from ..drafter.plugin_drafter import DrafterPlugin
 from ..engine_format import TARGET_DIR
 from ..errors import CheckpointError
 from ..model.plugin_model import GPU_FORMATS, Head, LayerWeights, PluginModel
 from .engine_loader import (Manifest, expected_engine_shapes, kv_tensor_shapes,
-                            require_unsharded)
+                            read_drafter_engine, require_unsharded)
 
 
 def check_gpu_formats(manifest: Manifest) -> None:
@@ -138,3 +139,18 @@ def _layer(cfg: KolibriConfig, t: dict, i: int, folder: Path) -> LayerWeights:
         router=t[mlp + "gate.weight"].to(torch.bfloat16).contiguous(),
         w13=torch.stack(w13).contiguous(), w13_scale=torch.stack(s13).contiguous(),
         w2=torch.stack(w2).contiguous(), w2_scale=torch.stack(s2).contiguous(), shared=shared)
+
+
+def load_plugin_drafter(engine_dir: str | Path, manifest: Manifest, target,
+                        device: str | torch.device, attn: str = "dense") -> DrafterPlugin:
+    """The drafter of `engine_dir/drafter` as a `DrafterPlugin` on `device`, bound to the
+    target's embedding (`target`: a `DrafterTarget`, e.g. from `load_plugin_target`, or a
+    `KolibriForCausalLM`); attn: "dense" | "sdpa" (the ring attention's implementation).
+
+    Raises:
+        CheckpointError: no drafter in the engine, or bad files (names file / tensor).
+        ValueError: a drafter weight format this path does not run (names the group).
+    """
+    cfg, tgt, vocab, tensors, formats, _ = read_drafter_engine(Path(engine_dir), manifest,
+                                                               target, device)
+    return DrafterPlugin.from_tensors(cfg, tensors, formats, tgt, vocab.to(device), attn=attn)
