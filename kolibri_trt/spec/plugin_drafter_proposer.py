@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafter import DrafterTarget
-from ..drafter.plugin_drafter import DrafterPlugin, DrafterRing
+from ..drafter.plugin_drafter import DrafterPlugin
+from ..drafter.plugin_weights import DrafterRing
 
 MIN_COMMIT = 8
 L_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)

@@ -1,0 +1,151 @@
+"""The drafter's stored weights as the kernels take them, and its context K/V ring
+(`DrafterPlugin` in `plugin_drafter.py` runs them; layouts: `plugins/LAYOUTS.md`).
+
+`PluginLinear`: one body linear, "block_fp8" ([N, K] e4m3 + [N, K/64] fp32 scales, through
+`fp8_gemv`; K padded with zero columns to a multiple of 64 at load) or "bf16" (`ops.linear`).
+`PluginHead`: the draft-vocabulary head slice, "nvfp4" (`nvfp4_gemv`) or "bf16".
+`DrafterRing`: per stream slot R = context_window + depth * block_size rows of K/V per layer
+plus the absolute position each row holds (-1 = empty); the last slot is a trash slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kolibri_trt_plugins import fp8_gemv, nvfp4_gemv
+
+from ..model import ops
+from .config import DrafterConfig
+
+BODY_FORMATS = ("block_fp8", "bf16")
+HEAD_FORMATS = ("nvfp4", "bf16")
+BLOCK = 64           # block-FP8 group (engine_format.BLOCK_FP8_GROUP)
+ATTN_IMPLS = ("dense", "sdpa")
+
+
+class PluginLinear:
+    """y = x Wᵀ (bf16 [M, K] -> bf16 [M, N]) for one stored linear.
+
+    fmt "block_fp8": weight float8_e4m3fn [N, K], scale fp32 [N, ceil(K/64)] -> `fp8_gemv`;
+    "bf16": weight bf16 [N, K] -> `ops.linear` (the reference drafter's product).
+    """
+
+    def __init__(self, fmt: str, weight: torch.Tensor, scale: torch.Tensor | None = None):
+        if fmt not in BODY_FORMATS:
+            raise ValueError(f"body format {fmt!r}: the drafter path runs {list(BODY_FORMATS)}")
+        self.fmt, self.k = fmt, int(weight.shape[1])
+        self.pad = -self.k % BLOCK if fmt == "block_fp8" else 0
+        if self.pad:   # zero columns: their block scale multiplies zeros
+            w8 = weight.view(torch.uint8)
+            weight = torch.cat([w8, w8.new_zeros(w8.shape[0], self.pad)], 1)
+            weight = weight.view(torch.float8_e4m3fn)
+        self.weight = weight.contiguous()
+        self.scale = None if scale is None else scale.float().contiguous()
+
+    @property
+    def n(self) -> int:
+        return int(self.weight.shape[0])
+
+    def rows(self, lo: int, hi: int) -> "PluginLinear":
+        """The linear of output rows lo..hi-1 (a view: rows of a row-major weight)."""
+        out = PluginLinear.__new__(PluginLinear)
+        out.fmt, out.k, out.pad = self.fmt, self.k, self.pad
+        out.weight = self.weight[lo:hi]
+        out.scale = None if self.scale is None else self.scale[lo:hi]
+        return out
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "bf16":
+            return ops.linear(x, self.weight)
+        if self.pad:
+            x = F.pad(x, (0, self.pad))
+        return fp8_gemv(x, self.weight, self.scale)
+
+    @staticmethod
+    def fused(parts: list["PluginLinear"]) -> "PluginLinear":
+        """One linear whose output rows are the parts' rows in order (same K, same format)."""
+        first = parts[0]
+        out = PluginLinear.__new__(PluginLinear)
+        out.fmt, out.k, out.pad = first.fmt, first.k, first.pad
+        if first.fmt == "bf16":
+            out.weight = torch.cat([p.weight for p in parts]).contiguous()
+        else:
+            out.weight = torch.cat([p.weight.view(torch.uint8) for p in parts]
+                                   ).view(torch.float8_e4m3fn).contiguous()
+        out.scale = None if first.scale is None else \
+            torch.cat([p.scale for p in parts]).contiguous()
+        return out
+
+
+class PluginHead:
+    """The draft-vocabulary head slice: bf16 [M, H] -> fp32 logits [M, Vd].
+
+    "nvfp4": weight uint8 [Vd, H/2], scale e4m3 [Vd, H/16], scale_2 fp32 [] -> `nvfp4_gemv`
+    (bf16 logits, then fp32); "bf16": fp32 weight [Vd, H] and `ops.linear` in fp32 (the
+    reference's head product)."""
+
+    def __init__(self, fmt: str, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                 scale_2: torch.Tensor | None = None):
+        if fmt not in HEAD_FORMATS:
+            raise ValueError(f"head format {fmt!r}: the drafter path runs {list(HEAD_FORMATS)}")
+        self.fmt = fmt
+        self.weight = weight.float().contiguous() if fmt == "bf16" else weight.contiguous()
+        self.scale, self.scale_2 = scale, scale_2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "bf16":
+            return ops.linear(x.float(), self.weight)
+        return nvfp4_gemv(x, self.weight, self.scale, self.scale_2).float()
+
+
+@dataclass(frozen=True)
+class DrafterLayerWeights:
+    """One body layer in kernel layouts."""
+
+    input_norm: torch.Tensor                 # fp32 [H] (bf16 values)
+    post_norm: torch.Tensor                  # fp32 [H] (bf16 values)
+    qkv: PluginLinear                        # [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj rows
+    kv: PluginLinear                         # the k_proj, v_proj rows of qkv (a view)
+    o_proj: PluginLinear                     # [H, Hq D]
+    w13: PluginLinear                        # [2 I, H]: gate_proj rows then up_proj rows
+    down: PluginLinear                       # [H, I]
+    spine: tuple[torch.Tensor, PluginLinear, PluginLinear] | None   # (norm fp32 [H], A, U)
+
+
+@dataclass
+class DrafterRing:
+    """The drafter's context K/V in static buffers (module docstring).
+
+    k, v: per layer bf16 [slots + 1, R, Hkv, D] (keys with RoPE); pos: int64 [slots + 1, R],
+    the absolute position each ring row holds, -1 = empty. Row `trash` = slots is written by
+    padding and never read by a real stream."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    pos: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.pos.shape[1])
+
+    @property
+    def trash(self) -> int:
+        return int(self.pos.shape[0]) - 1
+
+    @classmethod
+    def allocate(cls, config: DrafterConfig, num_slots: int, depth: int,
+                 device: str | torch.device) -> "DrafterRing":
+        c = config
+        r = c.context_window + depth * c.block_size
+        shape = (num_slots + 1, r, c.num_key_value_heads, c.head_dim)
+        make = lambda: torch.zeros(shape, dtype=torch.bfloat16, device=device)  # noqa: E731
+        return cls([make() for _ in range(c.num_hidden_layers)],
+                   [make() for _ in range(c.num_hidden_layers)],
+                   torch.full((num_slots + 1, r), -1, dtype=torch.long, device=device))
+
+    def clear(self, slot: int) -> None:
+        """Forget every row of `slot` (a stream slot handed to a new stream)."""
+        self.pos[slot].fill_(-1)
