@@ -16,8 +16,8 @@ runs:
   (the dequantizing CPU reference runs fp32 activations through fp32 weights);
 - context K/V live in static device buffers (`DrafterRing`, `plugin_weights.py`): per
   stream slot a ring of R = context_window + depth * B rows per layer, bf16
-  [slots + 1, R, Hkv, D], and the absolute position held by each ring row (int64 [slots + 1, R], -1 = empty). A key is
-  stored with its RoPE applied, at ring row `pos % R`, so ring order does not matter.
+  [slots + 1, R, Hkv, D], and the absolute position held by each ring row (int64
+  [slots + 1, R], -1 = empty). A key is stored with its RoPE applied, at ring row `pos % R`, so ring order does not matter.
   Block row j of a stream with anchor p attends to the ring rows whose position lies in
   [p - context_window, p + j] (its context and the causal block, whose own K/V are written
   into the ring first): a masked dense attention over the first L ring rows (L a bucket
