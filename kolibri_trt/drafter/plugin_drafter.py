@@ -17,7 +17,8 @@ runs:
 - context K/V live in static device buffers (`DrafterRing`, `plugin_weights.py`): per
   stream slot a ring of R = context_window + depth * B rows per layer, bf16
   [slots + 1, R, Hkv, D], and the absolute position held by each ring row (int64
-  [slots + 1, R], -1 = empty). A key is stored with its RoPE applied, at ring row `pos % R`, so ring order does not matter.
+  [slots + 1, R], -1 = empty). A key is stored with its RoPE applied, at ring row
+  `pos % R`, so ring order does not matter.
   Block row j of a stream with anchor p attends to the ring rows whose position lies in
   [p - context_window, p + j] (its context and the causal block, whose own K/V are written
   into the ring first): a masked dense attention over the first L ring rows (L a bucket
@@ -50,8 +51,8 @@ from .plugin_weights import (ATTN_IMPLS, BODY_FORMATS, HEAD_FORMATS, DrafterLaye
 from .reference import DrafterTarget
 
 class DrafterPlugin:
-    """The block drafter as the kernels run it. Build with `runtime.plugin_loader.load_plugin_drafter` (an engine
-    folder) or `DrafterPlugin.from_tensors`.
+    """The block drafter as the kernels run it. Build with
+    `runtime.plugin_loader.load_plugin_drafter` (an engine folder) or `DrafterPlugin.from_tensors`.
 
     config: the drafter's; embed: the target's embedding bf16 [V, H]; draft_vocab: int64 [Vd]
     target ids; tap_norms: [n_taps, Ht]; fuse, fc: PluginLinear; mask_embedding bf16 [H];

@@ -11,15 +11,16 @@ block tables of zeros (they only read block 0) and slot -1 (nothing written); th
 S_b + ceil(T_b / max_q_len) stream slots are empty. Every row is owned by a stream, so every
 value stays finite, and the kernels give a real row the same bits whatever the padding
 (`plugins/LAYOUTS.md` §Batch invariance). Other steps (prefill chunks, scoring) run eagerly
-with their own bounds (same bits). On CPU, or with graphs off, bucketed steps run the same padded inputs
-eagerly. Source of the technique: vLLM / TensorRT-LLM CUDA-graph batch buckets.
+with their own bounds (same bits). On CPU, or with graphs off, bucketed steps run the same
+padded inputs eagerly. Source of the technique: vLLM / TensorRT-LLM CUDA-graph batch buckets.
 
 Tensor parallelism: every rank runs its own `PluginRunner` over its shard and sees the same
 step metadata, so all ranks take the same bucket and warm up, capture and replay together; the
 model's NCCL all_reduce calls are captured into the graphs (the warm-up before each capture
 runs them eagerly first, which also creates the NCCL communicator). A capture that fails on a
 tensor-parallel model raises a RuntimeError that names `enforce_eager=True`, the way to run
-without graphs; there is no silent fallback.
+without graphs; there is no silent fallback. On 2xH200 such a capture did not finish, so
+`LLM(..., tensor_parallel_size > 1, device="cuda")` requires enforce_eager=True for now.
 """
 
 from __future__ import annotations
