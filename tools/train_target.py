@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
-import gpu_env  # noqa: E402,F401  (kolibri_trt importable without mistral-common / plugins)
+import gpu_env  # noqa: E402,F401  (kolibri_trt_plugins importable from ./plugins)
 import fast_target  # noqa: E402
 from train_common import (Logger, atomic_dir, batch_at, load_state, run_steps,  # noqa: E402
                           save_state, tokenize_corpus)
