@@ -53,3 +53,12 @@ def run_steps(steps, results: dict, out_file: Path) -> int:
     print(f"{len(checks) - len(failed)}/{len(checks)} checks passed in {time.time() - t0:.0f} s;"
           f" failed: {failed}")
     return 1 if failed else 0
+
+
+def mark_mismatches(rows: list[dict]) -> int:
+    """Set row["mismatches_vs_off"] for every run in `rows`: the requests whose token_ids differ
+    from rows[0]'s (the speculative="off" run). Returns the largest count."""
+    base = rows[0]["token_ids"]
+    for r in rows:
+        r["mismatches_vs_off"] = sum(a != b for a, b in zip(r["token_ids"], base))
+    return max(r["mismatches_vs_off"] for r in rows)
