@@ -12,7 +12,6 @@ Exit status 1 if any check fails. Tolerances: see TOL.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import pathlib
 import sys
 import time
@@ -24,18 +23,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_plugins():
-    """import kolibri_trt_plugins, or map that name onto ./plugins (repo not pip-installed)."""
-    try:
-        import kolibri_trt_plugins  # noqa: F401
-        return sys.modules["kolibri_trt_plugins"]
-    except ImportError:
-        spec = importlib.util.spec_from_file_location(
-            "kolibri_trt_plugins", ROOT / "plugins" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "plugins")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["kolibri_trt_plugins"] = mod
-        spec.loader.exec_module(mod)
-        return mod
+    """import kolibri_trt_plugins, mapped onto ./plugins when the repo is not pip-installed
+    (`standalone.py`)."""
+    import standalone  # noqa: F401
+    import kolibri_trt_plugins
+    return kolibri_trt_plugins
 
 
 load_plugins()

@@ -18,7 +18,9 @@ for _path in (ROOT / "bench", ROOT / "tests", ROOT):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-if importlib.util.find_spec("kolibri_trt_plugins") is None:   # repo not pip-installed
+try:
+    import kolibri_trt_plugins  # noqa: F401  (pip-installed: nothing to map)
+except ImportError:   # repo not pip-installed
     _spec = importlib.util.spec_from_file_location(
         "kolibri_trt_plugins", ROOT / "plugins" / "__init__.py",
         submodule_search_locations=[str(ROOT / "plugins")])
