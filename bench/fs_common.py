@@ -88,7 +88,7 @@ class Bench:
         self.gen = torch.Generator(device=self.dev).manual_seed(args.seed + 17)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.tag = "+".join(args.parts)
+        self.tag = "_".join(args.parts)  # "+" would not survive the device copy-back
         self.results: dict = {"meta": {}, "errors": []}
         self.model = None
         self.scales: dict = {}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Full-size Kolibri-1 on one H200 (issue 8): a synthetic engine made on the GPU, then timings.
 
-    python3 bench/fullsize.py --out DIR [--parts decode,verify,kv,drafter] [--budget 480]
+    python3 bench/fullsize.py --out DIR [--parts decode,verify,kv,drafter,profile] [--budget 480]
     python3 bench/fullsize.py --tiny --out DIR          # CPU dry run (kernels' torch references)
 
 On the H200 (torch + Triton only; the repository need not be pip-installed), in two calls:
@@ -19,7 +19,7 @@ N(0, 1)) instead of running prefill; each step's `StepMetadata` is built directl
 placement in the full layers, a per-stream ring in the sliding layers) and
 `PluginModel.forward` is captured in our own CUDA graph (exact shapes, no bucket padding).
 
-Parts (each writes DIR/fullsize-<parts>.json as it goes, and a PNG per figure if matplotlib
+Parts (each writes DIR/fullsize-<parts joined by _>.json as it goes, and a PNG per figure if matplotlib
 imports):
 - decode:  one decode step (the whole target forward, all rows' logits) at 1/4/16/64 streams x
            contexts 1k/8k/32k: CUDA-graph median, eager median, floor = bytes that must be read /
@@ -35,6 +35,8 @@ imports):
            block-FP8 body (fp8_gemv with [N, K/64] scales), FP8 paged attention over its own
            context cache (2048 rows + the 4 block rows, causal), the NVFP4 head slice
            (60614 x 2560) once per block row; at 1 and 4 streams, against the target step.
+- profile: torch.profiler over eager decode steps (1 and 64 streams at 8k): the kernels by
+           device time, naming what the attribution's 'rest' is made of.
 CUDA graphs vs eager: every timed step of decode / verify / drafter is also timed eagerly.
 Aims (reported, not asserted): step <= 1.25x floor at 1 stream, <= 1.5x at 64; INT4 >= +85 %
 sessions at 64k; 4-token verification <= 1.15x a 1-token step at 1 stream.
@@ -56,6 +58,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
 from fs_common import AIMS, BW, Bench, build_engine, log  # noqa: E402
 from fs_parts import part_decode, part_kv, part_verify  # noqa: E402
+from fs_profile import part_profile  # noqa: E402
 from fs_drafter import part_drafter  # noqa: E402
 from fs_figures import figures  # noqa: E402
 
@@ -99,7 +102,8 @@ def summary(b: Bench) -> None:
 
 
 # =============================================================================== main
-PARTS = {"decode": part_decode, "verify": part_verify, "kv": part_kv, "drafter": part_drafter}
+PARTS = {"decode": part_decode, "verify": part_verify, "kv": part_kv, "drafter": part_drafter,
+         "profile": part_profile}
 
 
 def parse(argv=None):

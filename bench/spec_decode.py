@@ -16,6 +16,8 @@ import json
 import time
 from pathlib import Path
 
+import standalone  # noqa: F401  (plain checkouts: plugins/ as kolibri_trt_plugins)
+
 from kolibri_trt import LLM, SamplingParams
 from kolibri_trt.prompts import load_prompts
 from kolibri_trt.spec.metrics import SOURCES, SpecMetrics
@@ -29,7 +31,10 @@ def run(engine: Path, mode: str, streams: int, prompts: list, params: SamplingPa
     llm = LLM(engine, speculative=mode, max_num_seqs=streams, **llm_options)
     ids = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p.text}])
            for p in prompts]
-    llm.generate(ids[:1], SamplingParams(max_tokens=2))           # warm-up
+    # warm-up: on a GPU every prompt once, so that Triton compiles each prefill shape before
+    # the timing (else the first configuration of a run pays the compilations)
+    warm = ids[:1] if str(llm_options.get("device", "cpu")) == "cpu" else ids
+    llm.generate(warm, SamplingParams(max_tokens=2))
     llm.engine.stats = SpecMetrics()
     t0 = time.perf_counter()
     outs = llm.generate(ids, params)

@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     _serve_parser(sub)
 
-    fx = sub.add_parser("make-fixtures", help="write the scaled-down default target + drafter")
+    fx = sub.add_parser("make-fixtures", help="write a scaled-down target + drafter with seeded random "
+                        "weights (test fixtures)")
     fx.add_argument("--out", type=Path, default=DEFAULT_DIR)
     fx.add_argument("--seed", type=int, default=0)
     fx.add_argument("--force", action="store_true", help="replace an existing folder")

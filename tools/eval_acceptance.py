@@ -2,8 +2,8 @@
 """Acceptance of the block drafter on prompts no checkpoint trained on, through a built engine:
 
     python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
-        [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu]
-        [--json out.json]
+        [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
+        [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
 categories and HumanEval (`shared/data/prompts`), one stream at a time.
@@ -47,10 +47,10 @@ SAMPLED_SEED = 1
 
 
 def load_eval_prompts(args) -> list:
-    out = load_prompts(PROMPTS / "spec_bench_question.jsonl", per_category=args.per_category,
-                       categories=CATEGORIES)
+    out = load_prompts(args.prompts_dir / "spec_bench_question.jsonl",
+                       per_category=args.per_category, categories=CATEGORIES)
     if args.humaneval:
-        out += load_prompts(PROMPTS / "human_eval.jsonl.gz", limit=args.humaneval)
+        out += load_prompts(args.prompts_dir / "human_eval.jsonl.gz", limit=args.humaneval)
     return out
 
 
@@ -63,12 +63,14 @@ def prompt_ids(llm, prompt, template: str) -> list[int]:
 def run_mode(args, mode: str, prompts, temps) -> dict:
     """Generate every prompt (one stream) per temperature; timings and metrics per category."""
     llm = LLM(args.engine, speculative=mode, max_num_seqs=1, max_model_len=args.max_model_len,
-              device=args.device)
+              device=args.device, drafter_depth=args.drafter_depth)
     out = {}
     for temp in temps:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=temp,
                                 seed=SAMPLED_SEED, ignore_eos=True)
-        llm.generate(prompt_ids(llm, prompts[0], args.template)[:8], SamplingParams(max_tokens=2))
+        warm = prompts[:1] if args.device == "cpu" else prompts   # GPU: compile every shape
+        llm.generate([prompt_ids(llm, p, args.template) for p in warm],
+                     SamplingParams(max_tokens=2))
         rows = {}
         for cat in dict.fromkeys(p.category for p in prompts):
             ps = [p for p in prompts if p.category == cat]
@@ -164,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--template", choices=("raw", "chat"), default="raw")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--drafter-depth", type=int, default=None,
+                    help="drafter passes per round (default: the drafter's serving_defaults)")
+    ap.add_argument("--prompts-dir", type=Path, default=PROMPTS,
+                    help="folder with spec_bench_question.jsonl and human_eval.jsonl.gz")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     prompts = load_eval_prompts(args)

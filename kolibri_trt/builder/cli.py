@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True,
                    help="build target from build/targets.toml: gb10, h100, h200 or cpu")
     p.add_argument("--model", type=Path, help="Kolibri-1 checkpoint folder (default: the "
-                   "embedded fixtures/default/target, made first if missing)")
+                   "embedded trained mini pair, checkpoints/kolibri-mini)")
     p.add_argument("--drafter", type=Path, help="block-drafter checkpoint folder (required "
                    "with --model)")
     p.add_argument("--out", type=Path, help="engine folder (default: engines/<target>)")

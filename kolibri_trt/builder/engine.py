@@ -37,12 +37,15 @@ from .target import check_kv_plan
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 DEFAULT_SHARD_BYTES = 5 * 2**30
+# The embedded default: the trained mini Kolibri target and its distilled block drafter
+# (checkpoints/kolibri-mini/README.md), shipped in the repository beside this package.
+DEFAULT_CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints" / "kolibri-mini"
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What to build. model / drafter: checkpoint folders (None: the embedded default
-    fixtures, made first if missing); out: engine folder (None: engines/<target>); weights /
+    """What to build. model / drafter: checkpoint folders (None: the embedded default,
+    `DEFAULT_CHECKPOINTS`); out: engine folder (None: engines/<target>); weights /
     kv_cache: recipe and plan names (None: the files' defaults); tp_size: tensor-parallel
     ranks the target is sharded for (1: unsharded; `tp_shard.py`)."""
 
@@ -135,10 +138,11 @@ def _inputs(opts: BuildOptions) -> tuple[Path, Path]:
         if opts.drafter is not None:
             raise BuildError("--drafter given without --model: the default drafter belongs to "
                              "the default target")
-        from ..fixtures import DEFAULT_DIR, make_fixtures
-        if not (DEFAULT_DIR / "target" / "config.json").is_file():
-            make_fixtures(DEFAULT_DIR)
-        return DEFAULT_DIR / "target", DEFAULT_DIR / "drafter"
+        if not (DEFAULT_CHECKPOINTS / "target" / "config.json").is_file():
+            raise BuildError(f"the embedded default checkpoints are missing under "
+                             f"{DEFAULT_CHECKPOINTS} (a checkout without checkpoints/?): "
+                             "pass --model and --drafter")
+        return DEFAULT_CHECKPOINTS / "target", DEFAULT_CHECKPOINTS / "drafter"
     if opts.drafter is None:
         raise BuildError(f"--model {opts.model} given without --drafter: an engine holds the "
                          "target and its drafter")
