@@ -4,7 +4,8 @@ Structure as `shared/spec/kolibri-1.md` §Scaled-down: 10 layers ((4 sliding + 1
 hidden 256, 4 query / 2 KV heads of head_dim 128, 8 experts top-2 with I = 128, a shared
 expert; the real Tekken tokenizer (131,072 ids). The drafter keeps the spec's structure
 (4 layers, block 4, three taps) at hidden 256. Weights are seeded, so the same seed writes
-byte-identical files. They are the embedded default until trained checkpoints exist.
+byte-identical files. Tests use them; the embedded default is the trained pair in
+checkpoints/kolibri-mini.
 """
 
 from __future__ import annotations
