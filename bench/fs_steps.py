@@ -127,13 +127,17 @@ def recording(b: Bench, cache: Cache):
                 for t in c.values()}
     calls, routing = [], []
 
-    def classify(name, args):
+    def classify(name, args, kwargs):
         if name in ("fp8_gemv", "nvfp4_gemv"):
             w = id(args[1])
             return "qkv" if w in qkv_ids else "o_proj" if w in o_ids else \
                 "head" if w == head_id else "other_gemv"
         if name == "moe_forward":
             return "moe"
+        if name == "add_rms_norm":
+            return "norms"
+        if name == "qk_norm_rope":   # rope on sliding layers only (NoPE full layers)
+            return "attn_sliding" if kwargs.get("rope", True) else "attn_full"
         if name in ("int4_paged_attention", "qk_norm_fold_int4"):
             return "attn_full"
         return "attn_full" if id(args[3 if name == "fp8_kv_write" else 1]) in full_ids \
@@ -142,7 +146,7 @@ def recording(b: Bench, cache: Cache):
     def wrap(name, fn):
         def wrapped(*args, **kwargs):
             out = fn(*args, **kwargs)
-            calls.append((classify(name, args), fn, args, kwargs))
+            calls.append((classify(name, args, kwargs), fn, args, kwargs))
             if name == "moe_forward":
                 ids, _ = moe_route(args[0], args[1], kwargs["top_k"], kwargs["renormalize"])
                 chunks = sum(int(torch.unique(ids[c:c + 64]).numel())
@@ -245,8 +249,9 @@ def measure_step(b: Bench, cache: Cache, streams: int, q: int, seq_len: int,
 
 def attribute(b: Bench, calls, fb: dict, step_ms: float) -> dict:
     """Each kernel class of every layer alone in one graph (an L2 flush in front, its own time
-    subtracted): ms, floor ms, and the remainder of the step (norms, RoPE, residual adds,
-    embedding, casts) as 'rest'."""
+    subtracted): ms, floor ms ('norms': the fused residual add + RMSNorm kernels, counted in
+    the floor's norms_embed), and the remainder of the step (embedding, casts, RoPE tables)
+    as 'rest'."""
     reps = b.sizes.replays
     base = med(time_graph(b, lambda: flush_l2(b), reps)) if b.cuda else 0.0
     out, total = {}, 0.0
@@ -256,7 +261,7 @@ def attribute(b: Bench, calls, fb: dict, step_ms: float) -> dict:
             continue
         ms = max(0.0, med(time_graph(b, run, reps)) - base)
         total += ms
-        out[cls] = dict(ms=ms, calls=n, floor_ms=fb[cls] / BW * 1e3, share=ms / step_ms)
+        out[cls] = dict(ms=ms, calls=n, floor_ms=fb.get(cls, 0) / BW * 1e3, share=ms / step_ms)
     out["rest"] = dict(ms=step_ms - total, share=(step_ms - total) / step_ms,
                        floor_ms=fb["norms_embed"] / BW * 1e3)
     top = max((c for c in out if c != "rest"), key=lambda c: out[c]["ms"])

@@ -3,7 +3,7 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe] [--log FILE]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,norm,qknorm] [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
@@ -32,6 +32,7 @@ def load_plugins():
 
 load_plugins()
 from kolibri_trt_plugins import testing as T  # noqa: E402
+from kolibri_trt_plugins.add_rms_norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv, fp8_gemv_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention, fp8_paged_attention_ref  # noqa: E402
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention, int4_paged_attention_ref  # noqa: E402
@@ -40,14 +41,17 @@ from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref  # noqa: E
 from kolibri_trt_plugins.qk_norm_fold_int4 import (dequantize_int4_ref, fold_matrices,  # noqa: E402
                                                    hadamard_rotation, qk_norm_fold_int4,
                                                    qk_norm_fold_int4_ref)
+from kolibri_trt_plugins.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref  # noqa: E402
 
 TOL = {  # relative error vs the fp32 reference
     "attn": 1e-2,   # bf16 output (2^-9) + fp16 P·V operands; measured ~4e-3
     "gemv": 1e-2,   # bf16 output rounding; products are exact, fp32 sums in another order
     "moe": 2e-2,    # bf16 intermediate activation may round differently, then bf16 output
     "fold_q": 1e-2,  # bf16 output of an fp32 128x128 product
+    "norm": 4e-3,   # bf16 outputs; fp32 sum order of mean(x²) (and rsqrt's last bit) may differ
 }
 CODE_FLIP_FRAC = 1e-3  # INT4 codes may differ by one step at rounding boundaries (fp32 order)
+NORM_FLIP_FRAC = 2e-2  # norm outputs may move by one bf16 ulp at rounding boundaries (sum order)
 
 RESULTS: list[tuple[str, bool, str]] = []
 DEV = "cuda"
@@ -281,6 +285,72 @@ def check_moe(g, small):
         check_gemv_invariance(f"moe {label}", lambda xx: moe_forward(xx, *wts, top_k=k), x)
 
 
+# ---------------------------------------------------------------- norms
+def flip_frac(a, b):
+    return (a != b).float().mean().item() if a.numel() else 0.0
+
+
+def check_norm(g, small):
+    """add_rms_norm vs add_rms_norm_ref: h = x + r bit-exact (elementwise), y within a bf16 ulp
+    at rounding boundaries; eager, CUDA graph, row alone vs in a batch."""
+    for N in (256, 2560):
+        for T_ in ((1, 3, 33) if small else (1, 3, 33, 511)):
+            for res in (True, False):
+                name = f"add_rms_norm N={N} T={T_} residual={res}"
+                x = T.randn((T_, N + 64), g, device=DEV, scale=2.0)[:, :N]   # strided rows
+                r = T.randn((T_, N), g, device=DEV) if res else None
+                w = (1 + 0.2 * torch.randn(N, generator=g)).to(torch.bfloat16).to(DEV)
+                h, y = add_rms_norm(x, r, w)
+                hr, yr = add_rms_norm_ref(x, r, w, 1e-6)
+                e, f = T.rel_err(y, yr), flip_frac(y, yr)
+                msg = f"h exact={torch.equal(h, hr)} y rel={e:.2e} flips={f:.1e} "
+                msg += check_graph(name, lambda: add_rms_norm(x, r, w), [h, y])
+                record(name, torch.equal(h, hr) and e < TOL["norm"] and f < NORM_FLIP_FRAC, msg)
+    x = T.randn((16, 2560), g, device=DEV)
+    r = T.randn((16, 2560), g, device=DEV)
+    w = T.randn((2560,), g, device=DEV)
+    hb, yb = add_rms_norm(x, r, w)
+    ok = all(torch.equal(add_rms_norm(x[i:i + 1], r[i:i + 1], w)[1], yb[i:i + 1])
+             for i in (0, 7, 15))
+    ok &= torch.equal(add_rms_norm(x[:3], r[:3], w)[1], yb[:3])
+    record("add_rms_norm batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
+
+
+def qk_case(T_, hq, hkv, g):
+    """q, k: strided views of a fused QKV output [T, (Hq + 2 Hkv) * 128]; cos/sin fp32 [T, 128]."""
+    qkv = T.randn((T_, (hq + 2 * hkv) * 128), g, device=DEV, scale=3.0)
+    q = qkv[:, :hq * 128].unflatten(1, (hq, 128))
+    k = qkv[:, hq * 128:(hq + hkv) * 128].unflatten(1, (hkv, 128))
+    gq, gk = ((1 + 0.2 * torch.randn(128, generator=g)).to(torch.bfloat16).to(DEV)
+              for _ in range(2))
+    pos = torch.randint(0, 40000, (T_,), generator=g).double()[:, None]
+    ang = pos * 1e6 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)[None, :]
+    ang = torch.cat([ang, ang], -1)   # = kolibri_trt.model.ops.rope_cos_sin
+    return q, k, gq, gk, ang.cos().float().to(DEV), ang.sin().float().to(DEV)
+
+
+def check_qk_norm_rope(g, small):
+    for hq, hkv in ((20, 4), (4, 2)):
+        for T_ in ((1, 3, 33) if small else (1, 3, 33, 511)):
+            for rope in (True, False):
+                name = f"qk_norm_rope Hq={hq} Hkv={hkv} T={T_} rope={rope}"
+                q, k, gq, gk, cos, sin = qk_case(T_, hq, hkv, g)
+                out = qk_norm_rope(q, k, gq, gk, cos, sin, rope=rope)
+                ref = qk_norm_rope_ref(q, k, gq, gk, cos, sin, 1e-6, rope)
+                e = max(T.rel_err(a, b) for a, b in zip(out, ref))
+                f = max(flip_frac(a, b) for a, b in zip(out, ref))
+                msg = f"rel={e:.2e} flips={f:.1e} " + check_graph(
+                    name, lambda: qk_norm_rope(q, k, gq, gk, cos, sin, rope=rope), list(out))
+                record(name, e < TOL["norm"] and f < NORM_FLIP_FRAC, msg)
+    q, k, gq, gk, cos, sin = qk_case(16, 20, 4, g)
+    qb, kb = qk_norm_rope(q, k, gq, gk, cos, sin)
+    ok = True
+    for s in (slice(0, 1), slice(7, 8), slice(15, 16), slice(0, 3)):
+        q1, k1 = qk_norm_rope(q[s], k[s], gq, gk, cos[s], sin[s])
+        ok &= torch.equal(q1, qb[s]) and torch.equal(k1, kb[s])
+    record("qk_norm_rope batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
+
+
 SECTIONS = {
     "fold": lambda g, small: check_fold(g),
     "int4": lambda g, small: check_attention("int4", g, small),
@@ -289,6 +359,8 @@ SECTIONS = {
     "nvfp4": check_nvfp4,
     "fp8gemv": check_fp8gemv,
     "moe": check_moe,
+    "norm": check_norm,
+    "qknorm": check_qk_norm_rope,
 }
 
 

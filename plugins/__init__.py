@@ -15,8 +15,11 @@ Ops (module: public function):
     fp8_gemv: fp8_gemv                         FP8 per-tensor / per-channel / block-1x64 GEMM
     moe_route: moe_route                       router + top-k
     moe: moe_forward                           routed FP8 experts + shared expert
+    add_rms_norm: add_rms_norm                 residual add + RMSNorm (decoder norms, final norm)
+    qk_norm_rope: qk_norm_rope                 per-head QK RMSNorm + RoPE (FP8-cache layers)
 """
 
+from .add_rms_norm import add_rms_norm
 from .attn_combine import attn_combine
 from .fp8_gemv import fp8_gemv
 from .fp8_kv_write import fp8_kv_write
@@ -26,8 +29,10 @@ from .moe import moe_forward
 from .moe_route import moe_route
 from .nvfp4_gemv import nvfp4_gemv
 from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_int4
+from .qk_norm_rope import qk_norm_rope
 
 __all__ = [
-    "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention", "int4_paged_attention", "moe_forward",
-    "moe_route", "nvfp4_gemv", "qk_norm_fold_int4", "fold_matrices", "hadamard_rotation",
+    "add_rms_norm", "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
+    "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv", "qk_norm_fold_int4",
+    "qk_norm_rope", "fold_matrices", "hadamard_rotation",
 ]

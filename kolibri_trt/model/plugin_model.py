@@ -3,7 +3,9 @@
 Weights stay in the engine's low-bit formats and are read directly by the kernels: FP8 body
 (one fused QKV GEMV per layer, o_proj), FP8 routed + shared experts in one MoE op, an NVFP4 (or
 FP8) LM head. Attention: FP8 sliding-window layers (`fp8_kv_write` + `fp8_paged_attention`),
-full layers in rotated INT4 (`qk_norm_fold_int4` + `int4_paged_attention`) or FP8. Every op is
+full layers in rotated INT4 (`qk_norm_fold_int4` + `int4_paged_attention`) or FP8; QK-norm +
+RoPE in one kernel (`qk_norm_rope`, FP8 layers), each residual add fused with the norm after it
+(`add_rms_norm`), RoPE tables computed once per step. Every op is
 a torch custom op without host syncs, so `forward` can be captured in a CUDA graph; on CPU
 tensors the same code runs the kernels' torch references (tests).
 
@@ -23,9 +25,9 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from kolibri_trt_plugins import (fp8_gemv, fp8_kv_write, fp8_paged_attention,
+from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_kv_write, fp8_paged_attention,
                                  int4_paged_attention, moe_forward, nvfp4_gemv,
-                                 qk_norm_fold_int4)
+                                 qk_norm_fold_int4, qk_norm_rope)
 
 from ..config import KolibriConfig
 from . import ops
@@ -110,30 +112,44 @@ class PluginModel:
         Returns fp32 logits [R, V] for meta.logits_rows (all T rows if all_rows), and taps
         [T, len(tap_layers), H] bf16 (the residual stream after those layers) or None.
         """
-        h = F.embedding(meta.input_ids, self.embed)
+        eps = self.config.rms_norm_eps
+        layers = list(zip(self.layers, caches))
+        rope = self._rope_tables(meta, len(layers))
+        # each norm is fused with the residual add before it: x = norm(h) with h = h + out
+        h, x = add_rms_norm(F.embedding(meta.input_ids, self.embed), None,
+                            layers[0][0].input_norm if layers else self.final_norm, eps)
         taps = []
-        for i, (w, cache) in enumerate(zip(self.layers, caches)):
-            a = self._attention(i, w, ops.rms_norm(h, w.input_norm, self.config.rms_norm_eps),
-                                cache, meta, max_seq_len, max_q_len)
-            h = h + self._reduce(fp8_gemv(a, w.o_proj, w.o_scale))
-            x = ops.rms_norm(h, w.post_norm, self.config.rms_norm_eps)
+        for i, (w, cache) in enumerate(layers):
+            a = self._attention(i, w, x, cache, meta, max_seq_len, max_q_len, rope)
+            h, x = add_rms_norm(h, self._reduce(fp8_gemv(a, w.o_proj, w.o_scale)), w.post_norm,
+                                eps)
             sh = w.shared or (None, None, None, None)
-            h = h + self._reduce(moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale,
-                                             *sh, top_k=self.config.num_experts_per_tok,
-                                             renormalize=self.config.norm_topk_prob))
+            out = self._reduce(moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
+                                           top_k=self.config.num_experts_per_tok,
+                                           renormalize=self.config.norm_topk_prob))
+            nxt = layers[i + 1][0].input_norm if i + 1 < len(layers) else self.final_norm
+            h, x = add_rms_norm(h, out, nxt, eps)
             if i in tap_layers:
                 taps.append(h)
-        rows = h if all_rows else h[meta.logits_rows]
-        if self.head is None:
-            logits = rows.new_empty(rows.shape[0], 0)
-        else:
-            logits = self.head(ops.rms_norm(rows, self.final_norm, self.config.rms_norm_eps))
+        rows = x if all_rows else x[meta.logits_rows]   # x = final_norm(h), row by row
+        logits = rows.new_empty(rows.shape[0], 0) if self.head is None else self.head(rows)
         return logits.float(), (torch.stack(taps, dim=1) if tap_layers else None)
+
+    def _rope_tables(self, meta: StepMetadata, num_layers: int
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """fp32 (cos, sin) [T, D] of the step's positions, computed once per forward for all
+        sliding layers; None when no layer is sliding."""
+        cfg = self.config
+        if not any(cfg.is_sliding(i) for i in range(num_layers)):
+            return None
+        return ops.rope_cos_sin(meta.positions, cfg.head_dim, cfg.rope_theta)
 
     def _attention(self, i: int, w: LayerWeights, x: torch.Tensor,
                    cache: Mapping[str, torch.Tensor], meta: StepMetadata, max_seq_len: int,
-                   max_q_len: int) -> torch.Tensor:
-        """Attention output bf16 [T, Hq D] (before o_proj); writes the step's K/V first."""
+                   max_q_len: int, rope: tuple[torch.Tensor, torch.Tensor] | None
+                   ) -> torch.Tensor:
+        """Attention output bf16 [T, Hq D] (before o_proj); writes the step's K/V first.
+        rope: the step's (cos, sin) tables (`_rope_tables`), used by sliding layers."""
         cfg = self.config
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         qkv = fp8_gemv(x, w.qkv, w.qkv_scale)
@@ -151,13 +167,10 @@ class PluginModel:
             out = int4_paged_attention(q, cache["k_codes"], cache["v_codes"], cache["k_meta"],
                                        cache["v_meta"], tables, *bounds)
             return out.view(t, hq * d)
-        q = ops.rms_norm(q, w.q_norm, cfg.rms_norm_eps)
-        k = ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-        if sliding:
-            cos, sin = ops.rope_cos_sin(meta.positions, d, cfg.rope_theta)
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        cos, sin = rope if sliding else (None, None)
+        q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps, rope=sliding)
         fp8_kv_write(k, v, slots, cache["k"], cache["v"], cache["k_scale"], cache["v_scale"])
-        out = fp8_paged_attention(q.contiguous(), cache["k"], cache["v"], cache["k_scale"],
+        out = fp8_paged_attention(q, cache["k"], cache["v"], cache["k_scale"],
                                   cache["v_scale"], tables, *bounds,
                                   window=cfg.sliding_window if sliding else 0)
         return out.view(t, hq * d)

@@ -34,6 +34,10 @@ def op_cases():
         "attn_combine": (torch.randn(3, 2), torch.rand(3, 2), torch.randn(3, 2, 128)),
         "fp8_kv_write": (T.randn((3, 2, 128), g), T.randn((3, 2, 128), g),
                          torch.tensor([0, 17, -1]), *T.fp8_cache(4, 16, 2, g), one, one),
+        "add_rms_norm": (x, T.randn((3, 64), g), T.randn((64,), g), 1e-6),
+        "rms_norm": (x, T.randn((64,), g), 1e-6),
+        "qk_norm_rope": (T.randn((3, 4, 128), g), T.randn((3, 2, 128), g), T.randn((128,), g),
+                         T.randn((128,), g), torch.randn(3, 128), torch.randn(3, 128), 1e-6, True),
     }
 
 

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Where the time of a speculative round goes: torch.profiler over `LLM.generate`, per mode.
+
+    python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
+        --prompts-file engines/prompts/spec_bench_question.jsonl [--categories translation mt_bench]
+        [--modes off copy drafter copy+drafter] [--max-tokens 96] [--out DIR]
+
+For each mode: one warm-up generate over the prompts, then one profiled generate (one stream at
+a time). Prints and writes (DIR/profile_generate.json): wall seconds, target passes, wall ms per
+pass, device busy ms per pass (sum of kernel times), host-side share (wall - device busy),
+and the top ops by self CPU time and the top kernels by device time. The question it answers:
+how much of a drafter round is GPU work and how much is host work (index tensors, copies,
+synchronisation, Python) — the cost that decides whether the drafter beats copy drafting on a
+small target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
+
+from kolibri_trt import LLM, SamplingParams  # noqa: E402
+from kolibri_trt.prompts import load_prompts  # noqa: E402
+from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
+
+PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench_question.jsonl"
+TOP = 20  # rows per table
+
+
+def _dev_us(e) -> float:
+    """Self device time of a profiler row in µs (torch renamed cuda_* to device_*)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(e, name):
+            return float(getattr(e, name))
+    return 0.0
+
+
+def profile_mode(args, mode: str, prompts: list) -> dict:
+    """One mode: warm-up, then the profiled generate; the figures of the module docstring."""
+    llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device)
+    ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(ids, SamplingParams(max_tokens=2))
+    llm.engine.stats = SpecMetrics()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        outs = llm.generate(ids, params)
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    rows = prof.key_averages()
+    passes = max(1, llm.engine.stats.target_passes)
+    kernels = sorted(((e.key, e.count, _dev_us(e)) for e in rows if _dev_us(e) > 0),
+                     key=lambda r: -r[2])
+    busy_ms = sum(r[2] for r in kernels) / 1e3
+    host = sorted(((e.key, e.count, e.self_cpu_time_total) for e in rows),
+                  key=lambda r: -r[2])
+    return {"mode": mode, "wall_s": wall, "tokens": sum(len(o.token_ids) for o in outs),
+            "target_passes": passes, "tau": llm.engine.stats.acceptance_length,
+            "wall_ms_per_pass": wall * 1e3 / passes, "device_busy_ms_per_pass": busy_ms / passes,
+            "top_host_ops": [dict(op=k[:100], calls=c, self_cpu_ms=t / 1e3)
+                             for k, c, t in host[:TOP]],
+            "top_kernels": [dict(kernel=k[:100], calls=c, device_ms=t / 1e3)
+                            for k, c, t in kernels[:TOP]]}
+
+
+def report(r: dict) -> None:
+    host_share = 1 - r["device_busy_ms_per_pass"] / r["wall_ms_per_pass"]
+    print(f"== {r['mode']}: {r['tokens']} tokens in {r['wall_s']:.3f} s, {r['target_passes']} "
+          f"passes (tau {r['tau'] or 1:.2f}): {r['wall_ms_per_pass']:.3f} ms/pass wall, "
+          f"{r['device_busy_ms_per_pass']:.3f} ms/pass kernels, host share {host_share:.0%}")
+    for x in r["top_host_ops"][:10]:
+        print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
+    for x in r["top_kernels"][:10]:
+        print(f"   gpu  {x['device_ms']:9.3f} ms {x['calls']:7d}x  {x['kernel']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", type=Path, required=True)
+    ap.add_argument("--device", default="cuda", help="cuda | cpu (a dry run)")
+    ap.add_argument("--prompts-file", type=Path, default=PROMPTS)
+    ap.add_argument("--categories", nargs="+", default=["translation", "mt_bench"])
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", default=["off", "copy", "drafter", "copy+drafter"])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args(argv)
+    prompts = load_prompts(args.prompts_file, per_category=args.per_category,
+                           categories=tuple(args.categories))
+    if not prompts:
+        raise SystemExit(f"--categories {args.categories}: no prompts in {args.prompts_file}")
+    results = []
+    for mode in args.modes:
+        results.append(profile_mode(args, mode, prompts))
+        report(results[-1])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile_generate.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
