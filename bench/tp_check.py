@@ -50,7 +50,7 @@ from kolibri_trt.prompts import load_prompts  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench_question.jsonl"
 CONFIGS = (("tp1-graphs", 1, False), ("tp1-eager", 1, True), ("tp2-eager", 2, True),
-           ("tp2-graphs", 2, False))   # tp2-graphs: refused on CUDA for now (README)
+           ("tp2-graphs", 2, False))   # tp2-graphs: refused on CUDA unless --tp2-graphs
 KV = "hadamard-int4"
 
 
@@ -98,7 +98,8 @@ def decode_tokens_per_s(llm: LLM, prompts: list[list[int]], streams: int, max_to
 def _llm(engine: Path, tp: int, eager: bool, speculative: str, args) -> LLM:
     return LLM(engine, speculative=speculative, device=args.device, tensor_parallel_size=tp,
                model_impl="plugins", enforce_eager=eager, max_num_seqs=max(args.streams),
-               max_model_len=args.max_model_len)
+               max_model_len=args.max_model_len,
+               tp_cuda_graphs=args.tp2_graphs and tp > 1 and not eager)
 
 
 def measure(engine: Path, tp: int, eager: bool, prompts, score_seqs, args) -> dict:
@@ -232,6 +233,9 @@ def main() -> int:
     ap.add_argument("--decode-context", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--tp2-graphs", action="store_true",
+                    help="try TP2 with CUDA graphs (EngineArgs.tp_cuda_graphs, experimental); "
+                    "run it under `timeout`: a hang is what it tests for")
     args = ap.parse_args()
     if args.make_engines:
         make_engines(args.make_engines)

@@ -221,7 +221,7 @@ def test_tensor_parallel_size_must_match_the_engine(engines):
     from kolibri_trt.runtime.engine import LLMEngine
     with pytest.raises(ValueError, match="tensor_parallel_size=2"):
         LLMEngine(tp2_dir)                    # the single-process engine refuses shards
-    with pytest.raises(ValueError, match="enforce_eager"):   # no NCCL inside CUDA graphs yet
+    with pytest.raises(ValueError, match="enforce_eager.*tp_cuda_graphs"):   # graphs: opt-in
         LLM(engines["quant"][1], tensor_parallel_size=2, device="cuda")
     assert not multiprocessing.active_children() and not dist.is_initialized()
 

@@ -137,8 +137,12 @@ class PluginRunner:
             self._run(padded, tap_layers)  # compiles kernels; writes what the replay rewrites
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        # under TP, other threads (the NCCL watchdog) query events during the long capture of
+        # a whole step; "thread_local" confines the capture's rules to this thread
+        # (pytorch/pytorch#104555)
+        mode = "global" if self.model.all_reduce is None else "thread_local"
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=mode):
                 logits, taps = self._run(padded, tap_layers)
         except Exception as exc:
             if self.model.all_reduce is None:

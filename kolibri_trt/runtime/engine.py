@@ -53,6 +53,9 @@ class EngineArgs:
     drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
+    # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
+    # captured, capture_error_mode "thread_local"); without it TP on CUDA needs enforce_eager
+    tp_cuda_graphs: bool = False
     # how sampled drafts are accepted: "position-keyed" (identical to non-speculative output)
     # or "rejection_sampler" (Leviathan et al. 2023; same distribution, not the same tokens)
     acceptance_method: str = "position-keyed"

@@ -104,10 +104,11 @@ def _make_engine(engine_dir, speculative: str, args: EngineArgs, device: str,
     from .tensor_parallel import check_tensor_parallel_size
     check_tensor_parallel_size(Manifest.read(engine_dir), tensor_parallel_size)
     if (tensor_parallel_size > 1 and str(device).startswith("cuda") and not args.enforce_eager
-            and args.model_impl != "reference"):
+            and args.model_impl != "reference" and not args.tp_cuda_graphs):
         raise ValueError("enforce_eager: tensor_parallel_size > 1 on CUDA needs "
                          "enforce_eager=True so far (NCCL all-reduces captured in CUDA graphs "
-                         "did not finish on 2xH200 in bench/tp_check.py; eager TP2 ran)")
+                         "did not finish on 2xH200 in bench/tp_check.py; eager TP2 ran); "
+                         "tp_cuda_graphs=True tries graphs anyway (experimental)")
     if tensor_parallel_size == 1:
         return LLMEngine(engine_dir, speculative, args, device)
     from .tp_worker import TPLLMEngine
