@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ._common import cdiv, check_tensor, launch
-from .attn_combine import attn_combine
+from .attn_combine import launch_attn_combine
 
 HEAD_DIM = 128
 BLOCK_M = 16  # query rows (token x group head) per program: fixed, for batch invariance
@@ -122,4 +122,5 @@ def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm
            m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g, splits, rt, block_tables.stride(0),
            int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M, BLOCK_N=block_n, D=HEAD_DIM,
            DOT_F32=interpret, interpret=interpret, **constexprs, **tune)
-    return attn_combine(m, l, acc, interpret=interpret).view(total_q, hq, HEAD_DIM)
+    # merged here, not through the attn_combine op: this runs inside the attention op already
+    return launch_attn_combine(m, l, acc, interpret).view(total_q, hq, HEAD_DIM)

@@ -79,7 +79,7 @@ def _launch(x, residual, weight, eps, interpret):
     """Returns (h, y); h is x when residual is None."""
     T, N = x.shape
     y = torch.empty((T, N), dtype=torch.bfloat16, device=x.device)
-    h = x if residual is None else torch.empty_like(y)
+    h = x if residual is None else torch.empty((T, N), dtype=torch.bfloat16, device=x.device)
     if T:
         block = next_pow2(N)
         r = x if residual is None else residual  # never read without HAS_RES

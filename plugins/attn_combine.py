@@ -57,7 +57,7 @@ def attn_combine_ref(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> tor
 def _attn_combine_op(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
     if kernel_path(m, "attn_combine") == "ref":
         return attn_combine_ref(m, l, acc)
-    return _launch(m, l, acc, False)
+    return launch_attn_combine(m, l, acc, False)
 
 
 @_attn_combine_op.register_fake
@@ -65,7 +65,10 @@ def _(m, l, acc):
     return torch.empty((m.shape[0], acc.shape[-1]), dtype=torch.bfloat16, device=m.device)
 
 
-def _launch(m, l, acc, interpret):
+def launch_attn_combine(m, l, acc, interpret: bool = False) -> torch.Tensor:
+    """The merge kernel without argument checks or op dispatch, for the paged-attention ops'
+    CUDA bodies (already inside their own op; they allocate m, l, acc as :func:`attn_combine`
+    requires). Same arguments and result as :func:`attn_combine`."""
     R, S = m.shape
     D = acc.shape[-1]
     out = torch.empty((R, D), dtype=torch.bfloat16, device=m.device)
@@ -89,5 +92,5 @@ def attn_combine(m, l, acc, interpret: bool = False) -> torch.Tensor:
     check_tensor("l", l, torch.float32, tuple(m.shape), m.device)
     check_tensor("acc", acc, torch.float32, (m.shape[0], m.shape[1], 128), m.device)
     if interpret:
-        return _launch(m, l, acc, True)
+        return launch_attn_combine(m, l, acc, True)
     return torch.ops.kolibri_plugins.attn_combine(m, l, acc)

@@ -15,7 +15,7 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
 from .moe_experts import MAX_TOKENS, launch_moe_experts
-from .moe_route import moe_route, moe_route_ref
+from .moe_route import launch_moe_route, moe_route_ref
 
 BLOCK_H = 256
 
@@ -68,11 +68,13 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
     y = torch.empty((M, H), dtype=torch.bfloat16, device=x.device)
     if M == 0:
         return y
-    ids, wts = moe_route(x, router_weight, top_k, renormalize, interpret=interpret)
+    # routed here, not through the moe_route op: this runs inside the moe_forward op already
+    ids, wts = launch_moe_route(x, router_weight, top_k, renormalize, interpret)
     for c0 in range(0, M, MAX_TOKENS):
         c1 = min(M, c0 + MAX_TOKENS)
-        xc, idc, wc = x[c0:c1], ids[c0:c1], wts[c0:c1]
-        n = c1 - c0
+        n = c1 - c0   # one chunk (M <= 64: decode, verification) takes the tensors, no views
+        xc, idc, wc, yc = ((x, ids, wts, y) if n == M else
+                           (x[c0:c1], ids[c0:c1], wts[c0:c1], y[c0:c1]))
         act = torch.empty((n, top_k + 1, max(inter, inter_sh)), dtype=torch.bfloat16,
                           device=x.device)
         out = torch.empty((n, top_k + 1, H), dtype=torch.float32, device=x.device)
@@ -80,7 +82,7 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
                            True, 0, interpret)
         launch_moe_experts(act, idc, w2, w2_scale, sw2, sw2_s, out, H, H, inter, inter_sh, False,
                            act.stride(1), interpret)
-        launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, y[c0:c1], H, out.stride(0),
+        launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc, H, out.stride(0),
                out.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
                num_warps=4, interpret=interpret)
     return y

@@ -101,7 +101,7 @@ def _moe_route_op(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
                   renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if kernel_path(x, "moe_route") == "ref":
         return moe_route_ref(x, router_weight, top_k, renormalize)
-    return _launch(x, router_weight, top_k, renormalize, False)
+    return launch_moe_route(x, router_weight, top_k, renormalize, False)
 
 
 @_moe_route_op.register_fake
@@ -110,7 +110,10 @@ def _(x, router_weight, top_k, renormalize):
     return (x.new_empty((M, top_k), dtype=torch.int32), x.new_empty((M, top_k), dtype=torch.float32))
 
 
-def _launch(x, router_weight, top_k, renormalize, interpret):
+def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret: bool = False):
+    """The two routing kernels without argument checks or op dispatch, for `moe_forward`'s
+    CUDA body (inside its own op, which checked x, router_weight and top_k as
+    :func:`moe_route` does). Same arguments and results as :func:`moe_route`."""
     M, H = x.shape
     E = router_weight.shape[0]
     ids = torch.empty((M, top_k), dtype=torch.int32, device=x.device)
@@ -149,5 +152,5 @@ def moe_route(x, router_weight, top_k: int, renormalize: bool = True, interpret:
     if not 1 <= top_k <= router_weight.shape[0]:
         raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
     if interpret:
-        return _launch(x, router_weight, int(top_k), bool(renormalize), True)
+        return launch_moe_route(x, router_weight, int(top_k), bool(renormalize), True)
     return torch.ops.kolibri_plugins.moe_route(x, router_weight, int(top_k), bool(renormalize))

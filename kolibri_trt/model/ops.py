@@ -33,11 +33,29 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float
     positions: int64 [T] (0 = first token of the sequence). Returns fp32 [T, head_dim] each;
     angles are formed in float64 so long positions keep their precision.
     """
-    i = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
+    return rope_tables(positions, rope_inv_freq(head_dim, theta, positions.device))
+
+
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None = None
+                  ) -> torch.Tensor:
+    """float64 [head_dim]: the inverse frequencies of `rope_cos_sin` for every table column,
+    inv_freq_i for columns i and i + head_dim/2 (rotate-half uses each frequency twice).
+    Depends only on the config: callers that build tables every step make it once."""
+    i = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
     inv_freq = theta ** (-i / head_dim)
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    return torch.cat([inv_freq, inv_freq])
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope_cos_sin` from `rope_inv_freq`'s float64 [D]: positions int64 [T] (same device)
+    -> fp32 (cos, sin) [T, D]. Angles in float64 (integer positions convert exactly); cos and
+    sin are evaluated in float64 and rounded to fp32 as they are stored (three elementwise ops
+    per step: the product, cos, sin)."""
+    angles = positions[:, None] * inv_freq          # [T, 1] x [D] -> float64 [T, D]
+    cos = torch.empty(angles.shape, dtype=torch.float32, device=angles.device)
+    sin = torch.empty(angles.shape, dtype=torch.float32, device=angles.device)
+    return torch.cos(angles, out=cos), torch.sin(angles, out=sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_kv_write, fp8_paged_attention,
                                  int4_paged_attention, moe_forward, nvfp4_gemv,
@@ -94,6 +93,8 @@ class PluginModel:
         self.config, self.embed, self.final_norm = config, embed, final_norm
         self.layers, self.head, self.all_reduce = list(layers), head, all_reduce
         self.device = embed.device
+        # float64 [D] RoPE frequencies (config-only), made once: a step's tables are 3 ops
+        self.rope_inv_freq = ops.rope_inv_freq(config.head_dim, config.rope_theta, self.device)
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """The whole output from this rank's partial (identity at one rank)."""
@@ -115,8 +116,9 @@ class PluginModel:
         eps = self.config.rms_norm_eps
         layers = list(zip(self.layers, caches))
         rope = self._rope_tables(meta, len(layers))
-        # each norm is fused with the residual add before it: x = norm(h) with h = h + out
-        h, x = add_rms_norm(F.embedding(meta.input_ids, self.embed), None,
+        # each norm is fused with the residual add before it: x = norm(h) with h = h + out;
+        # the embedding rows are F.embedding's (index_select: the same gather, one op less)
+        h, x = add_rms_norm(self.embed.index_select(0, meta.input_ids), None,
                             layers[0][0].input_norm if layers else self.final_norm, eps)
         taps = []
         for i, (w, cache) in enumerate(layers):
@@ -142,7 +144,7 @@ class PluginModel:
         cfg = self.config
         if not any(cfg.is_sliding(i) for i in range(num_layers)):
             return None
-        return ops.rope_cos_sin(meta.positions, cfg.head_dim, cfg.rope_theta)
+        return ops.rope_tables(meta.positions, self.rope_inv_freq)   # = ops.rope_cos_sin
 
     def _attention(self, i: int, w: LayerWeights, x: torch.Tensor,
                    cache: Mapping[str, torch.Tensor], meta: StepMetadata, max_seq_len: int,
@@ -152,10 +154,8 @@ class PluginModel:
         rope: the step's (cos, sin) tables (`_rope_tables`), used by sliding layers."""
         cfg = self.config
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = fp8_gemv(x, w.qkv, w.qkv_scale)
-        q = qkv[:, :hq * d].view(t, hq, d)
-        k = qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
-        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+        qkv = fp8_gemv(x, w.qkv, w.qkv_scale).view(t, hq + 2 * hkv, d)
+        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]   # views, head stride d
         sliding = cfg.is_sliding(i)
         tables = meta.sliding_block_tables if sliding else meta.full_block_tables
         slots = meta.sliding_slots if sliding else meta.full_slots
