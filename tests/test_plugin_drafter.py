@@ -16,6 +16,7 @@ from kolibri_trt.runtime.plugin_loader import load_plugin_drafter
 from kolibri_trt.fixtures import random_drafter, tiny_drafter_config
 from kolibri_trt.runtime.engine_loader import Manifest, load_drafter, load_target
 from kolibri_trt.spec.drafter_proposer import DrafterProposer
+from kolibri_trt.spec.drafter_runner import DrafterRunner
 from kolibri_trt.spec.plugin_drafter_proposer import (PluginDrafterProposer,
                                                       install_plugin_drafter)
 
@@ -161,6 +162,76 @@ def test_ring_slots_reset_and_eviction(engines):
     assert "b" not in new.evicted and new.propose_batch([("b", [5, 6, 7, 8])]).keys() == {"b"}
     # not ready (positions do not reach the anchor yet): no drafts, nothing changes
     assert new.propose_batch([("c", [1, 2])]) == {}
+
+
+def _rounds(prop, **drive_args):
+    return [(d.clone(), lg.clone()) for *_, d, lg in drive(None, prop, **drive_args)]
+
+
+def test_reused_static_buffers_give_the_drafts_of_fresh_ones(engines):
+    """The runner's static taps / index buffers are reused across rounds of different sizes
+    (streams 4, 2, 4, ...; commits of 1 .. 30 rows; max_commit 8: commits in chunks): every
+    round's drafts and logits equal, bit for bit, those of a fresh runner (zeroed buffers, the
+    same ring) per round, and those of unchunked commits."""
+    _, reused = _proposers(engines["bf16"], 2, max_commit=8)
+    _, fresh = _proposers(engines["bf16"], 2, max_commit=8)
+    _, whole = _proposers(engines["bf16"], 2)
+    inner = fresh.propose_tensors
+
+    def with_fresh_runner(items):
+        ring = fresh.runner.ring
+        fresh.runner = DrafterRunner(fresh.drafter, 2, 8, use_graphs=False, max_commit=8)
+        fresh.runner.ring = ring
+        return inner(items)
+
+    fresh.propose_tensors = with_fresh_runner
+    args = dict(rounds=5, lengths=(1, 5, 31, 33, 80))
+    want = _rounds(reused, **args)
+    assert {k[1] for k in reused.runner.used if k[0] == "commit"} == {8}     # chunked
+    for other in (_rounds(fresh, **args), _rounds(whole, **args)):
+        assert len(other) == len(want)
+        for (d, lg), (d2, lg2) in zip(want, other):
+            assert torch.equal(d, d2) and torch.equal(lg, lg2)
+    assert {k[1] for k in whole.runner.used if k[0] == "commit"} == {8, 16, 32}
+    assert {k[1] for k in whole.runner.used if k[0] == "round"} == {2, 4}
+
+
+def test_padding_rows_and_streams_write_nothing(engines):
+    """Stale indices in the static buffers (a slot, positions and taps rows of an earlier
+    step) must not leak into padding: a round of 3 streams (one padding stream) committing 14
+    rows (2 padding rows) over buffers poisoned with stream x's slot leaves x's ring rows
+    untouched and drafts as over clean buffers."""
+    _, dirty = _proposers(engines["bf16"], 2)
+    _, clean = _proposers(engines["bf16"], 2)
+    cfg = dirty.drafter.config
+    g = torch.Generator().manual_seed(5)
+    tokens = {rid: torch.randint(0, 2000, (n + 1,), generator=g).tolist()
+              for rid, n in (("x", 6), ("a", 5), ("b", 3), ("c", 10))}
+    for rid, t in tokens.items():
+        taps = (torch.randn(len(t) - 1, cfg.num_taps, cfg.target_hidden_size, generator=g)
+                ).to(torch.bfloat16)
+        for prop in (dirty, clean):
+            prop.observe(rid, 0, taps)
+    for prop in (dirty, clean):
+        prop.propose_tensors([("x", tokens["x"])])
+    runner, x = dirty.runner, dirty.streams["x"].slot
+    runner.idx[0].fill_(5)
+    runner.idx[1].fill_(x)
+    runner.idx[2].fill_(3)
+    runner.idx[3].fill_(1)
+    runner.taps.normal_()
+    ring = runner.ring
+    before = [t[x].clone() for t in (*ring.k, *ring.v, ring.pos)]
+    items = [(rid, tokens[rid]) for rid in "abc"]
+    _, d, lg = dirty.propose_tensors(items)
+    _, d2, lg2 = clean.propose_tensors(items)
+    assert runner.last_key[1] == 4 and ("commit", 16) in runner.used    # padded: 3 -> 4, 14 -> 16
+    assert all(torch.equal(b, t[x]) for b, t in zip(before, (*ring.k, *ring.v, ring.pos)))
+    assert torch.equal(d, d2) and torch.equal(lg, lg2)
+    for rid in "abc":       # after a round a stream keeps only its anchor's taps row
+        st = dirty.streams[rid]
+        assert [(s, t.shape[0]) for s, t in st.pending] == [(st.kv_end, 1)]
+        assert st.kv_end == len(tokens[rid]) - 2
 
 
 LOSSLESS_PARAMS = [SamplingParams(max_tokens=12, ignore_eos=True),

@@ -28,7 +28,7 @@ runs:
   padding streams write there and nobody else reads it.
 
 Every op has static shapes and no host sync, so `commit` and `propose` can be captured in a
-CUDA graph (`spec/plugin_drafter_proposer.py`: `DrafterRunner`); on CPU the kernels run their
+CUDA graph (`spec/drafter_runner.py`: `DrafterRunner`); on CPU the kernels run their
 torch references.
 
 Ring capacity: writes of one round reach positions < p + depth*B, which land on ring rows

@@ -1,19 +1,16 @@
-"""The block drafter's GPU path as a proposer: `DrafterRunner` (static buffers, CUDA graphs)
-and `PluginDrafterProposer` (the interface of `DrafterProposer`).
+"""The block drafter's GPU path as a proposer: `PluginDrafterProposer` (the interface of
+`DrafterProposer`) over `DrafterRunner` (static buffers, CUDA graphs: `drafter_runner.py`).
 
-Per round (one `propose_batch`) the proposer hands the runner two batched steps:
+Per round (one `propose_batch`) the proposer hands the runner one step (`DrafterRunner.step`):
 1. commit: the context rows of every drafting stream's newly committed positions
    (kv_end .. p - 1, at most context_window back; what `DrafterProposer._extend_context`
    does per stream) -> one write into the ring (`DrafterPlugin.commit`);
 2. round: `depth` passes for all drafting streams (`DrafterPlugin.propose`).
-Both are padded to a bucket and replayed from a CUDA graph captured on first use (or by
-`capture_all` at start-up), after one eager warm-up run that writes what the replay writes
-again; on CPU, or with graphs off, the same padded inputs run eagerly. Buckets:
-commit N rows -> N_b = next power of two >= 8, at most `max_commit` (larger commits run in
-chunks); round S streams -> S_b = next power of two, and L_b ring rows attended = the
-smallest of 256, 512, ... >= max(p) + depth*B, or R (all). Padding rows/streams use the
-ring's trash slot. Host work per round: one gather of the taps rows (`torch.cat` into a
-static buffer), one copy of the int64 indices, the replays, and one copy of the drafts back.
+The taps go as pieces, per stream the rows lo .. p (commit rows, then the anchor): in steady
+decoding the anchor's row kept from the last round plus the step's observed tensor, whole.
+Host work per round: one pass over the ready streams (constant per stream but for the ints of
+its commit rows: next ids, slots, positions), the runner's one taps copy, one index upload,
+two replays, and (`propose_batch`) one copy of the drafts back, the round's only sync.
 
 Taps are not fused at `observe`: the proposer keeps, per stream, the taps (device tensors)
 of the positions it still needs (from kv_end, at most context_window + 1 back) and fuses
@@ -31,172 +28,7 @@ import torch
 
 from ..drafter import DrafterTarget
 from ..drafter.plugin_drafter import DrafterPlugin
-from ..drafter.plugin_weights import DrafterRing
-
-MIN_COMMIT = 8
-L_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-class DrafterRunner:
-    """Runs `DrafterPlugin.commit` / `propose` over padded static buffers, through CUDA graphs.
-
-    num_slots: streams with drafter state at once (ring slots); depth: passes per round;
-    use_graphs: capture CUDA graphs (needs a CUDA model); max_commit: the largest commit
-    bucket (rows); None: next power of two of 16 per slot; length_buckets: the ring lengths
-    a round may attend below R.
-    """
-
-    def __init__(self, model: DrafterPlugin, depth: int, num_slots: int,
-                 use_graphs: bool = True, max_commit: int | None = None,
-                 length_buckets: tuple[int, ...] = L_BUCKETS):
-        if depth < 1:
-            raise ValueError(f"depth: must be >= 1, got {depth}")
-        if use_graphs and model.device.type != "cuda":
-            raise ValueError(f"use_graphs: CUDA graphs need a CUDA model, got {model.device}")
-        c, dev = model.config, model.device
-        self.model, self.depth, self.use_graphs = model, depth, use_graphs
-        self.length_buckets = tuple(sorted(length_buckets))
-        self.ring = DrafterRing.allocate(c, num_slots, depth, dev)
-        self.max_s = _pow2(num_slots)
-        self.max_commit = max(MIN_COMMIT, _pow2(max_commit or 16 * self.max_s))
-        taps = (c.num_taps, c.target_hidden_size)
-        self.c_taps = torch.zeros(self.max_commit, *taps, dtype=torch.bfloat16, device=dev)
-        self.c_idx = torch.zeros(3, self.max_commit, dtype=torch.long, device=dev)
-        self.r_taps = torch.zeros(self.max_s, *taps, dtype=torch.bfloat16, device=dev)
-        self.r_idx = torch.zeros(3, self.max_s, dtype=torch.long, device=dev)
-        self.graphs: dict[tuple, tuple] = {}
-        self.used: set[tuple] = set()     # bucket keys run so far (graphs or eager)
-        self.last_key: tuple | None = None
-        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
-
-    @property
-    def num_slots(self) -> int:
-        return self.ring.trash
-
-    # ---- buckets -------------------------------------------------------------------------
-    def length_bucket(self, max_anchor: int) -> int:
-        """Ring rows a round attends: every position it touches is < max_anchor + depth*B."""
-        end, r = max_anchor + self.depth * self.model.config.block_size, self.ring.size
-        for length in self.length_buckets:
-            if end <= length < r:
-                return length
-        return r
-
-    def round_buckets(self) -> list[tuple[int, int]]:
-        r = self.ring.size
-        lengths = [n for n in self.length_buckets if n < r] + [r]
-        out, s_b = [], 1
-        while s_b <= self.max_s:
-            out += [(s_b, n) for n in lengths]
-            s_b *= 2
-        return out
-
-    def commit_buckets(self) -> list[int]:
-        out, n = [], MIN_COMMIT
-        while n <= self.max_commit:
-            out.append(n)
-            n *= 2
-        return out
-
-    # ---- steps ---------------------------------------------------------------------------
-    @torch.no_grad()
-    def commit(self, taps: list[torch.Tensor], next_ids: list[int], slots: list[int],
-               positions: list[int]) -> None:
-        """Write context rows: taps pieces (bf16 [n_i, n_taps, Ht], rows in order) and one
-        next token, slot and position per row."""
-        n = len(next_ids)
-        if n == 0:
-            return
-        if n > self.max_commit:
-            flat = torch.cat(taps)
-            for a in range(0, n, self.max_commit):
-                b = min(n, a + self.max_commit)
-                self.commit([flat[a:b]], next_ids[a:b], slots[a:b], positions[a:b])
-            return
-        n_b = max(MIN_COMMIT, _pow2(n))
-        torch.cat(taps, out=self.c_taps[:n])
-        pad = n_b - n
-        idx = torch.tensor([list(next_ids) + [0] * pad, list(slots) + [self.ring.trash] * pad,
-                            list(positions) + [-1] * pad], dtype=torch.long)
-        self.c_idx[:, :n_b].copy_(idx)
-        self._replay(("commit", n_b), lambda: self._commit_step(n_b))
-
-    def _commit_step(self, n_b: int):
-        self.model.commit(self.ring, self.c_taps[:n_b], self.c_idx[0, :n_b], self.c_idx[1, :n_b],
-                          self.c_idx[2, :n_b])
-        return None
-
-    @torch.no_grad()
-    def propose(self, taps: list[torch.Tensor], next_ids: list[int], slots: list[int],
-                anchors: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One round for S streams (the anchors' taps pieces, one row each). Returns drafts
-        int64 [S, depth*B] (target ids) and fp32 logits [S, depth*B, Vd], on the device
-        (views of static outputs under graphs: valid until the next round)."""
-        s = len(next_ids)
-        if s > self.max_s:
-            raise ValueError(f"{s} streams in one round, the runner has {self.max_s} slots")
-        s_b, length = _pow2(s), self.length_bucket(max(anchors))
-        torch.cat(taps, out=self.r_taps[:s])
-        pad = s_b - s
-        idx = torch.tensor([list(next_ids) + [0] * pad, list(slots) + [self.ring.trash] * pad,
-                            list(anchors) + [0] * pad], dtype=torch.long)
-        self.r_idx[:, :s_b].copy_(idx)
-        drafts, logits = self._replay(("round", s_b, length), lambda: self._round_step(s_b, length))
-        return drafts[:s], logits[:s]
-
-    def _round_step(self, s_b: int, length: int):
-        return self.model.propose(self.ring, self.r_taps[:s_b], self.r_idx[0, :s_b],
-                                  self.r_idx[1, :s_b], self.r_idx[2, :s_b], self.depth, length)
-
-    def _replay(self, key: tuple, fn):
-        self.used.add(key)
-        self.last_key = key
-        if not self.use_graphs:
-            return fn()
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(fn)
-        graph, out = self.graphs[key]
-        graph.replay()
-        return out
-
-    def _capture(self, fn):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()   # compiles kernels; writes what the replay writes again
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = fn()
-        return graph, out
-
-    @torch.no_grad()
-    def capture_all(self) -> int:
-        """Capture every commit and round bucket now (all-padding steps: only the trash slot
-        is written). Returns the number of graphs captured. ValueError without use_graphs."""
-        if not self.use_graphs:
-            raise ValueError("use_graphs: capture_all needs CUDA graphs on")
-        self.c_idx[0].zero_()
-        self.c_idx[1].fill_(self.ring.trash)
-        self.c_idx[2].fill_(-1)
-        self.r_idx[0].zero_()
-        self.r_idx[1].fill_(self.ring.trash)
-        self.r_idx[2].zero_()
-        count = 0
-        for n_b in self.commit_buckets():
-            if ("commit", n_b) not in self.graphs:
-                self.graphs[("commit", n_b)] = self._capture(lambda n=n_b: self._commit_step(n))
-                count += 1
-        for s_b, length in self.round_buckets():
-            if ("round", s_b, length) not in self.graphs:
-                self.graphs[("round", s_b, length)] = self._capture(
-                    lambda s=s_b, n=length: self._round_step(s, n))
-                count += 1
-        return count
+from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -289,7 +121,9 @@ class PluginDrafterProposer:
         n = int(taps.shape[0])
         if n == 0:
             return
-        st.pending.append((start, taps.to(self.drafter.device, torch.bfloat16)))
+        if taps.device != self.drafter.device or taps.dtype != torch.bfloat16:
+            taps = taps.to(self.drafter.device, torch.bfloat16)
+        st.pending.append((start, taps))     # a view of the step's taps: no copy
         st.num_positions += n
         self._trim(st)
 
@@ -310,13 +144,16 @@ class PluginDrafterProposer:
         st.pending = kept
 
     def _rows(self, st: _Stream, lo: int, hi: int) -> list[torch.Tensor]:
-        """The taps of positions lo .. hi - 1 as pieces (views)."""
-        out = []
+        """The taps of positions lo .. hi - 1 as pieces (a piece inside the range whole, else
+        a view); at most 9 pieces to scan (`_trim`)."""
+        out, got = [], 0
         for start, t in st.pending:
-            a, b = max(lo, start), min(hi, start + t.shape[0])
+            n = t.shape[0]
+            a, b = max(lo, start), min(hi, start + n)
             if a < b:
-                out.append(t[a - start:b - start])
-        if sum(x.shape[0] for x in out) != hi - lo:
+                out.append(t if b - a == n else t[a - start:b - start])
+                got += b - a
+        if got != hi - lo:
             raise RuntimeError(f"drafter: taps of positions {lo}..{hi - 1} are gone")
         return out
 
@@ -327,44 +164,55 @@ class PluginDrafterProposer:
 
         items: (request_id, tokens = prompt + output; the newest token is the anchor's next
         token). Streams whose committed positions do not reach the anchor yet get none."""
-        out = self.propose_tensors(items)
-        if out is None:
+        batch = self._collect(items)
+        if batch is None:
             return {}
-        ready, drafts, _ = out
-        return dict(zip(ready, drafts.tolist()))
+        ready, *inputs = batch
+        drafts, _ = self.runner.step(*inputs)
+        return dict(zip(ready, self.runner.read_drafts(drafts)))
 
     @torch.no_grad()
     def propose_tensors(self, items: list[tuple[str, list[int]]]):
         """`propose_batch` returning (request ids, drafts int64 [S, depth*B], fp32 logits
         [S, depth*B, Vd]) on the device, or None when no stream is ready (tests)."""
+        batch = self._collect(items)
+        if batch is None:
+            return None
+        ready, *inputs = batch
+        drafts, logits = self.runner.step(*inputs)
+        return ready, drafts, logits
+
+    def _collect(self, items: list[tuple[str, list[int]]]):
+        """The round's inputs for `DrafterRunner.step`: (ready ids, taps pieces, rows, commit
+        fields, round fields), or None when no stream is ready. Marks each ready stream's
+        context rows committed (kv_end = p) and keeps only its anchor's taps."""
         cw = self.drafter.config.context_window
         self._clock += 1
-        ready, c_taps, c_next, c_slot, c_pos = [], [], [], [], []
-        a_taps, a_next, a_slot, anchors = [], [], [], []
+        ready, pieces, rows = [], [], 0
+        commit: tuple = ([], [], [], [])        # next ids, slots, positions, taps rows
+        rnd: tuple = ([], [], [], [])           # next ids, slots, anchors, taps rows
         for rid, tokens in items:
             st = self.streams.get(rid)
             if st is None or st.num_positions != len(tokens) - 1:
                 continue
             p = st.num_positions - 1
             lo = max(st.kv_end, p - cw)
-            if lo < p:
-                c_taps += self._rows(st, lo, p)
-                c_next += tokens[lo + 1:p + 1]
-                c_slot += [st.slot] * (p - lo)
-                c_pos += range(lo, p)
-            a_taps += self._rows(st, p, p + 1)
+            got = self._rows(st, lo, p + 1)     # commit rows lo .. p - 1, then the anchor p
+            k = p - lo
+            if k:
+                commit[0].extend(tokens[lo + 1:p + 1])
+                commit[1].extend([st.slot] * k)
+                commit[2].extend(range(lo, p))
+                commit[3].extend(range(rows, rows + k))
+            for f, v in zip(rnd, (tokens[p + 1], st.slot, p, rows + k)):
+                f.append(v)
+            pieces += got
+            rows += k + 1
+            last = got[-1]                      # what `_trim` keeps once kv_end = p: row p
+            st.pending = [(p, last if last.shape[0] == 1 else last[-1:])]
             st.kv_end, st.last_used = p, self._clock
-            a_next.append(tokens[p + 1])
-            a_slot.append(st.slot)
-            anchors.append(p)
             ready.append(rid)
-        if not ready:
-            return None
-        self.runner.commit(c_taps, c_next, c_slot, c_pos)
-        for rid in ready:
-            self._trim(self.streams[rid])
-        drafts, logits = self.runner.propose(a_taps, a_next, a_slot, anchors)
-        return ready, drafts, logits
+        return (ready, pieces, rows, commit, rnd) if ready else None
 
 
 def install_plugin_drafter(engine, attn: str = "dense", capture: bool = True,

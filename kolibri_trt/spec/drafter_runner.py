@@ -1,0 +1,267 @@
+"""`DrafterRunner`: the block drafter's rounds over padded static buffers, replayed from CUDA
+graphs (the engine of `PluginDrafterProposer`, `plugin_drafter_proposer.py`).
+
+A round (`step`) is two batched steps of `DrafterPlugin`:
+1. commit: N context rows into the ring (`DrafterPlugin.commit`);
+2. round: `depth` passes for S streams (`DrafterPlugin.propose`).
+Both take their taps rows from one static buffer `taps` (bf16 [max_commit + max_s, n_taps,
+Ht]), which the host fills with one copy per round (`torch.cat` of the round's pieces, or
+`copy_` of a single piece); each step gathers its rows by index inside its graph, so a
+stream's rows lo .. p (commit rows, then the anchor) stay one piece, usually a whole tensor
+observed earlier. The int64 indices of both steps live in one static buffer `idx` [4,
+max_commit + max_s] (rows: next ids, slots, positions (commit) or anchors (round), taps rows;
+columns: the commit's, then the round's). On CUDA the host writes them into a pinned copy
+(`stage`) and uploads it with one non-blocking copy; on CPU `stage` is `idx`, written in place.
+
+Device operations per round on CUDA: 1 copy of the taps rows, 1 index upload, 2 graph replays,
+and (`read_drafts`, `propose_batch`) 1 copy of the drafts into pinned memory, then 1 event
+wait: the round's only host sync. (Before: 2 taps cats, 2 `torch.tensor` + pageable index
+copies, each a full stream sync, 2 replays and `.tolist()` of a device tensor: 7 device
+operations and 3 syncs per round, the second of which waited for the commit.)
+
+Buckets: commit N rows -> N_b = next power of two >= 8, at most `max_commit` (larger commits
+run in chunks); round S streams -> S_b = next power of two, and L ring rows attended = the
+smallest of 256, 512, ... >= max(p) + depth*B, or R (all). Padding rows and streams use the
+ring's trash slot (slot trash, position -1 / anchor 0, taps row 0). Graphs: one per commit
+bucket plus one per (S_b, L): 5 + 4 * 5 = 25 for the mini engine (8 streams, context window
+2048, depth 1), 8 + 7 * 5 = 43 at 64 streams. One graph for commit + round would need one per
+(N_b, S_b, L): 100 and 280 there, to save one replay call (the two are enqueued back to back
+with no sync between them), so the runner keeps two. Each graph is captured on first use (or
+by `capture_all` at start-up) after one eager warm-up run that writes what the replay writes
+again; on CPU, or with graphs off, the same padded inputs run eagerly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..drafter.plugin_drafter import DrafterPlugin
+from ..drafter.plugin_weights import DrafterRing
+
+MIN_COMMIT = 8
+L_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
+Fields = tuple[list[int], list[int], list[int], list[int]]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _runs(flat: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+    """Views of flat [T, ...] holding `rows` (ascending) in order, one per consecutive run."""
+    out, first = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            out.append(flat[rows[first]:rows[i - 1] + 1])
+            first = i
+    return out
+
+
+class DrafterRunner:
+    """Runs `DrafterPlugin.commit` + `propose` over padded static buffers, through CUDA graphs.
+
+    num_slots: streams with drafter state at once (ring slots); depth: passes per round;
+    use_graphs: capture CUDA graphs (needs a CUDA model); max_commit: the largest commit
+    bucket (rows); None: next power of two of 16 per slot; length_buckets: the ring lengths
+    a round may attend below R.
+    """
+
+    def __init__(self, model: DrafterPlugin, depth: int, num_slots: int,
+                 use_graphs: bool = True, max_commit: int | None = None,
+                 length_buckets: tuple[int, ...] = L_BUCKETS):
+        if depth < 1:
+            raise ValueError(f"depth: must be >= 1, got {depth}")
+        if use_graphs and model.device.type != "cuda":
+            raise ValueError(f"use_graphs: CUDA graphs need a CUDA model, got {model.device}")
+        c, dev = model.config, model.device
+        self.model, self.depth, self.use_graphs = model, depth, use_graphs
+        self.length_buckets = tuple(sorted(length_buckets))
+        self.ring = DrafterRing.allocate(c, num_slots, depth, dev)
+        self.max_s = _pow2(num_slots)
+        self.max_commit = mc = max(MIN_COMMIT, _pow2(max_commit or 16 * self.max_s))
+        cols = mc + self.max_s
+        self.taps = torch.zeros(cols, c.num_taps, c.target_hidden_size, dtype=torch.bfloat16,
+                                device=dev)
+        self.idx = torch.zeros(4, cols, dtype=torch.long, device=dev)
+        self.c_idx, self.r_idx = self.idx[:, :mc], self.idx[:, mc:]
+        cuda = dev.type == "cuda"
+        self.stage = torch.zeros(4, cols, dtype=torch.long, pin_memory=True) if cuda else self.idx
+        self.stage_np = self.stage.numpy()
+        trash = self.ring.trash
+        self.pad_commit = np.array([[0], [trash], [-1], [0]], dtype=np.int64)
+        self.pad_round = np.array([[0], [trash], [0], [0]], dtype=np.int64)
+        self.host_drafts = (torch.zeros(self.max_s, depth * c.block_size, dtype=torch.long,
+                                        pin_memory=True) if cuda else None)
+        self.uploaded = torch.cuda.Event() if cuda else None    # the last index upload done
+        self.copied = torch.cuda.Event() if cuda else None      # the last drafts copy done
+        self.graphs: dict[tuple, tuple] = {}
+        self.used: set[tuple] = set()     # bucket keys run so far (graphs or eager)
+        self.last_key: tuple | None = None
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+
+    @property
+    def num_slots(self) -> int:
+        return self.ring.trash
+
+    # ---- buckets -------------------------------------------------------------------------
+    def length_bucket(self, max_anchor: int) -> int:
+        """Ring rows a round attends: every position it touches is < max_anchor + depth*B."""
+        end, r = max_anchor + self.depth * self.model.config.block_size, self.ring.size
+        for length in self.length_buckets:
+            if end <= length < r:
+                return length
+        return r
+
+    def round_buckets(self) -> list[tuple[int, int]]:
+        r = self.ring.size
+        lengths = [n for n in self.length_buckets if n < r] + [r]
+        out, s_b = [], 1
+        while s_b <= self.max_s:
+            out += [(s_b, n) for n in lengths]
+            s_b *= 2
+        return out
+
+    def commit_buckets(self) -> list[int]:
+        out, n = [], MIN_COMMIT
+        while n <= self.max_commit:
+            out.append(n)
+            n *= 2
+        return out
+
+    # ---- a round -------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, pieces: list[torch.Tensor], rows: int, commit: Fields | None,
+             rnd: Fields) -> tuple[torch.Tensor, torch.Tensor]:
+        """Commit N context rows, then one round for S streams; nothing waits for the device.
+
+        pieces: taps, bf16 [k_i, n_taps, Ht] on the model's device, `rows` = sum k_i rows in
+        order; commit: (next ids, slots, positions, taps rows), N ints each: commit row i is
+        position positions[i] of the stream in ring slot slots[i], with next token next_ids[i]
+        and the taps of row taps_rows[i] of the pieces (None or empty lists: no commit);
+        rnd: (next ids, slots, anchors, taps rows), S ints each. Returns drafts int64
+        [S, depth*B] (target ids) and fp32 logits [S, depth*B, Vd] on the device (views of
+        static outputs under graphs: valid until the next step)."""
+        n, s = len(commit[0]) if commit else 0, len(rnd[0])
+        if s > self.max_s:
+            raise ValueError(f"{s} streams in one round, the runner has {self.max_s} slots")
+        if n > self.max_commit:
+            pieces, rows, rnd = self._commit_chunks(pieces, commit, rnd)
+            n = 0
+        return self._launch(pieces, rows, commit if n else None, rnd)
+
+    def _commit_chunks(self, pieces, commit: Fields, rnd: Fields):
+        """A commit of more than max_commit rows, in chunks of max_commit rows (each its own
+        commit step). Returns the round's pieces (the anchors' rows), rows and fields."""
+        flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        nxt, slots, pos, src = commit
+        mc = self.max_commit
+        for a in range(0, len(nxt), mc):
+            b = min(len(nxt), a + mc)
+            self._launch(_runs(flat, src[a:b]), b - a,
+                         (nxt[a:b], slots[a:b], pos[a:b], list(range(b - a))), None)
+        s = len(rnd[0])
+        return _runs(flat, rnd[3]), s, (rnd[0], rnd[1], rnd[2], list(range(s)))
+
+    def _launch(self, pieces, rows: int, commit: Fields | None, rnd: Fields | None):
+        """Stage the indices, copy the taps rows, upload, replay the commit and round steps."""
+        if self.uploaded is not None:
+            self.uploaded.synchronize()     # the stage's last upload is done (no-op in rounds)
+        if commit is not None:
+            n_b = max(MIN_COMMIT, _pow2(len(commit[0])))
+            self._stage(0, commit, n_b, self.pad_commit)
+        if rnd is not None:
+            s, s_b = len(rnd[0]), _pow2(len(rnd[0]))
+            self._stage(self.max_commit, rnd, s_b, self.pad_round)
+        if len(pieces) == 1:
+            self.taps[:rows].copy_(pieces[0])
+        else:
+            torch.cat(pieces, out=self.taps[:rows])
+        if self.uploaded is not None:
+            self.idx.copy_(self.stage, non_blocking=True)
+            self.uploaded.record()
+        if commit is not None:
+            self._replay(("commit", n_b), lambda: self._commit_step(n_b))
+        if rnd is None:
+            return None
+        length = self.length_bucket(max(rnd[2]))
+        drafts, logits = self._replay(("round", s_b, length),
+                                      lambda: self._round_step(s_b, length))
+        return drafts[:s], logits[:s]
+
+    def _stage(self, col: int, fields: Fields, width: int, pad: np.ndarray) -> None:
+        """Write fields (4 lists of n ints) into stage columns col .. col + n - 1 and padding
+        into col + n .. col + width - 1 (stale values of an earlier, larger step go)."""
+        n = len(fields[0])
+        self.stage_np[:, col:col + n] = fields
+        self.stage_np[:, col + n:col + width] = pad
+
+    def _commit_step(self, n_b: int):
+        i = self.c_idx
+        taps = self.taps.index_select(0, i[3, :n_b])
+        self.model.commit(self.ring, taps, i[0, :n_b], i[1, :n_b], i[2, :n_b])
+        return None
+
+    def _round_step(self, s_b: int, length: int):
+        i = self.r_idx
+        taps = self.taps.index_select(0, i[3, :s_b])
+        return self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], i[2, :s_b],
+                                  self.depth, length)
+
+    @torch.no_grad()
+    def read_drafts(self, drafts: torch.Tensor) -> list[list[int]]:
+        """drafts int64 [S, depth*B] on the device (`step`) -> S lists of ints. On CUDA: one
+        non-blocking copy into pinned memory and one event wait (the round's only sync)."""
+        if self.copied is None:
+            return drafts.tolist()
+        host = self.host_drafts[:drafts.shape[0]]
+        host.copy_(drafts, non_blocking=True)
+        self.copied.record()
+        self.copied.synchronize()
+        return host.tolist()
+
+    # ---- graphs --------------------------------------------------------------------------
+    def _replay(self, key: tuple, fn):
+        self.used.add(key)
+        self.last_key = key
+        if not self.use_graphs:
+            return fn()
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(fn)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+    def _capture(self, fn):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()   # compiles kernels; writes what the replay writes again
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        return graph, out
+
+    @torch.no_grad()
+    def capture_all(self) -> int:
+        """Capture every commit and round bucket now (all-padding steps: only the trash slot
+        is written). Returns the number of graphs captured. ValueError without use_graphs."""
+        if not self.use_graphs:
+            raise ValueError("use_graphs: capture_all needs CUDA graphs on")
+        self.uploaded.synchronize()
+        mc = self.max_commit
+        self.stage_np[:, :mc] = self.pad_commit
+        self.stage_np[:, mc:] = self.pad_round
+        self.idx.copy_(self.stage)
+        count = 0
+        for n_b in self.commit_buckets():
+            if ("commit", n_b) not in self.graphs:
+                self.graphs[("commit", n_b)] = self._capture(lambda n=n_b: self._commit_step(n))
+                count += 1
+        for s_b, length in self.round_buckets():
+            if ("round", s_b, length) not in self.graphs:
+                self.graphs[("round", s_b, length)] = self._capture(
+                    lambda s=s_b, n=length: self._round_step(s, n))
+                count += 1
+        return count
