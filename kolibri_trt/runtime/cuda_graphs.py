@@ -12,7 +12,9 @@ S_b + ceil(T_b / max_q_len) stream slots are empty. Every row is owned by a stre
 value stays finite, and the kernels give a real row the same bits whatever the padding
 (`plugins/LAYOUTS.md` §Batch invariance). Other steps (prefill chunks, scoring) run eagerly
 with their own bounds (same bits). On CPU, or with graphs off, bucketed steps run the same
-padded inputs eagerly. Source of the technique: vLLM / TensorRT-LLM CUDA-graph batch buckets.
+padded inputs eagerly. A step's padded metadata is written into a pinned host mirror of the
+graphs' input buffers and sent in one non-blocking copy (each pageable `copy_` would wait for
+the GPU). Source of the technique: vLLM / TensorRT-LLM CUDA-graph batch buckets.
 
 Tensor parallelism: every rank runs its own `PluginRunner` over its shard and sees the same
 step metadata, so all ranks take the same bucket and warm up, capture and replay together; the
@@ -20,7 +22,9 @@ model's NCCL all_reduce calls are captured into the graphs (the warm-up before e
 runs them eagerly first, which also creates the NCCL communicator). A capture that fails on a
 tensor-parallel model raises a RuntimeError that names `enforce_eager=True`, the way to run
 without graphs; there is no silent fallback. On 2xH200 such a capture did not finish, so
-`LLM(..., tensor_parallel_size > 1, device="cuda")` requires enforce_eager=True for now.
+`LLM(..., tensor_parallel_size > 1, device="cuda")` requires enforce_eager=True for now, or
+tp_cuda_graphs=True to try graphs (experimental; captures then use capture_error_mode
+"thread_local").
 """
 
 from __future__ import annotations
@@ -52,17 +56,23 @@ class PluginRunner:
         self.max_t = self.max_s * _pow2(max_q_len)
         self.width = -(-max_model_len // block_size)
         n = self.max_s + -(-self.max_t // max_q_len)
-        dev = model.device
-        self.static = {
-            "input_ids": torch.zeros(self.max_t, dtype=torch.long, device=dev),
-            "positions": torch.zeros(self.max_t, dtype=torch.long, device=dev),
-            "full_slots": torch.full((self.max_t,), -1, dtype=torch.long, device=dev),
-            "sliding_slots": torch.full((self.max_t,), -1, dtype=torch.long, device=dev),
-            "cu_q_lens": torch.zeros(n + 1, dtype=torch.int32, device=dev),
-            "seq_lens": torch.zeros(n, dtype=torch.int32, device=dev),
-            "full_block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
-            "sliding_block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
-        }
+        shapes = {"input_ids": ((self.max_t,), torch.long), "positions": ((self.max_t,), torch.long),
+                  "full_slots": ((self.max_t,), torch.long),
+                  "sliding_slots": ((self.max_t,), torch.long),
+                  "cu_q_lens": ((n + 1,), torch.int32), "seq_lens": ((n,), torch.int32),
+                  "full_block_tables": ((n, self.width), torch.int32),
+                  "sliding_block_tables": ((n, self.width), torch.int32)}
+        # the graphs' inputs: views of one device byte buffer, written by one copy per step
+        # from a pinned host mirror (CUDA) or in place (CPU)
+        self._dev_bytes, self.static = _byte_views(shapes, model.device)
+        if model.device.type == "cuda":
+            self._host_bytes, self._host = _byte_views(shapes, "cpu", pin=True)
+            self._copied = torch.cuda.Event()
+        else:
+            self._host_bytes, self._host, self._copied = self._dev_bytes, self.static, None
+        for name in ("full_slots", "sliding_slots"):
+            self._host[name].fill_(-1)
+        self._upload()
         self.graphs: dict[tuple[int, int, tuple[int, ...]], tuple] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
 
@@ -153,9 +163,34 @@ class PluginRunner:
                                "rank)") from exc
         return graph, logits, taps
 
+    def _upload(self) -> None:
+        """The host mirror into the graphs' input buffer: one non-blocking copy (CUDA); the
+        event lets the next `_fill` wait until the copy has read the mirror."""
+        if self._copied is not None:
+            self._dev_bytes.copy_(self._host_bytes, non_blocking=True)
+            self._copied.record()
+
     def _fill(self, meta: StepMetadata, s_b: int, t_b: int) -> StepMetadata:
-        """Copy the step into the static buffers, padded to (s_b, t_b); returns views of them."""
-        st, t, s, q = self.static, meta.num_tokens, meta.num_seqs, self.max_q_len
+        """Copy the step into the static buffers, padded to (s_b, t_b); returns views of them
+        (`self.static`). Written on the host mirror, then uploaded in one copy."""
+        if self._copied is not None:
+            self._copied.synchronize()        # the previous upload has read the mirror
+        lens = self._fill_host(meta, s_b, t_b)
+        self._upload()
+        st, s, n = self.static, meta.num_seqs, len(lens)
+        return StepMetadata(
+            input_ids=st["input_ids"][:t_b], positions=st["positions"][:t_b],
+            cu_q_lens=st["cu_q_lens"][:n + 1], seq_lens=st["seq_lens"][:n],
+            full_block_tables=st["full_block_tables"][:n],
+            sliding_block_tables=st["sliding_block_tables"][:n],
+            full_slots=st["full_slots"][:t_b], sliding_slots=st["sliding_slots"][:t_b],
+            logits_rows=st["input_ids"][:0], q_lens=tuple(lens),
+            seq_lens_host=tuple(meta.seq_lens_host) + tuple(lens[s:]))
+
+    def _fill_host(self, meta: StepMetadata, s_b: int, t_b: int) -> list[int]:
+        """Write the padded step into the host mirror (`_fill`'s layout; module docstring);
+        returns the n stream slots' token counts (real, padding, then empty)."""
+        st, t, s, q = self._host, meta.num_tokens, meta.num_seqs, self.max_q_len
         n = s_b + -(-t_b // q)
         for name in _FIELDS:
             st[name][:t].copy_(getattr(meta, name))
@@ -174,14 +209,24 @@ class PluginRunner:
             src = getattr(meta, name)
             st[name][:n].zero_()
             st[name][:s, :src.shape[1]].copy_(src)
-        return StepMetadata(
-            input_ids=st["input_ids"][:t_b], positions=st["positions"][:t_b],
-            cu_q_lens=st["cu_q_lens"][:n + 1], seq_lens=st["seq_lens"][:n],
-            full_block_tables=st["full_block_tables"][:n],
-            sliding_block_tables=st["sliding_block_tables"][:n],
-            full_slots=st["full_slots"][:t_b], sliding_slots=st["sliding_slots"][:t_b],
-            logits_rows=st["input_ids"][:0], q_lens=tuple(lens),
-            seq_lens_host=tuple(meta.seq_lens_host) + tuple(lens[s:]))
+        return lens
+
+
+def _byte_views(shapes: dict, device, pin: bool = False
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One zeroed uint8 buffer on `device` (pinned host memory if pin) and a typed view of it
+    per name: shapes {name: (shape, dtype)}; each view starts 8-byte aligned."""
+    offsets, size = {}, 0
+    for name, (shape, dtype) in shapes.items():
+        offsets[name] = size
+        nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        size += -(-nbytes // 8) * 8
+    buf = torch.zeros(size, dtype=torch.uint8, device=device, pin_memory=pin)
+    views = {}
+    for name, (shape, dtype) in shapes.items():
+        nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        views[name] = buf[offsets[name]:offsets[name] + nbytes].view(dtype).view(shape)
+    return buf, views
 
 
 def _pow2(n: int) -> int:
