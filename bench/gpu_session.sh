@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One H200 device call per part: check and time what changed in the kernel path since the last
+# H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
+# log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
+# root on the GPU machine:
+#
+#   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
+#       split-K option against their references (graphs replayed twice), the runtime's graph =
+#       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
+#       round's parity, graphs and host/device split.
+#       carry: engines/gpu-small/engine-fp8-nvfp4-hadamard-int4 engines/gpu-small/engine-fp8-nvfp4-fp8
+#              engines/gpu-small/spec_bench_question.jsonl
+#   PART=b bash bench/gpu_session.sh   speed (~6 min): full-size decode / verify / profile, the
+#       trained default's acceptance and tokens/s per speculative mode, a host/device profile.
+#       carry: engines/mini-h200 engines/prompts
+#
+# Here, first: `python bench/gpu_runtime.py --make-engines engines/gpu-small` (part a) and
+# `python build.py --target h200 --force --out engines/mini-h200` plus
+# `mkdir -p engines/prompts && cp ../shared/data/prompts/* engines/prompts/` (part b).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT=${OUT:-runs/gpu-session}
+mkdir -p "$OUT"
+FAILED=()
+
+step() {  # step NAME SECONDS COMMAND...: run under a timeout, log to $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit} s)"
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  echo "== $name: rc $rc in $((SECONDS - t0)) s"
+  [ "$rc" = 0 ] || FAILED+=("$name")
+}
+
+case "${PART:-}" in
+  a)
+    step kernels 150 python3 bench/gpu_check.py --only norm,qknorm,fp8gemv,moe
+    step runtime 170 python3 bench/gpu_runtime.py --engines engines/gpu-small --out "$OUT" \
+      --prompts-file engines/gpu-small/spec_bench_question.jsonl
+    step drafter 120 python3 bench/gpu_drafter.py --engines engines/gpu-small --out "$OUT" \
+      --prompts-file engines/gpu-small/spec_bench_question.jsonl --only parity graphs round
+    ;;
+  b)
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
+      --budget 180
+    step acceptance 170 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+      --max-tokens 128 --json "$OUT/eval_h200.json"
+    step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
+    ;;
+  *)
+    echo "PART must be a or b (see the header)" >&2
+    exit 2
+    ;;
+esac
+echo "failed steps: ${FAILED[*]:-none}"
+[ "${#FAILED[@]}" = 0 ]
