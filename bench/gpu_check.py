@@ -3,7 +3,7 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,norm,qknorm] [--log FILE]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,splitk,norm,qknorm] [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
@@ -285,6 +285,51 @@ def check_moe(g, small):
         check_gemv_invariance(f"moe {label}", lambda xx: moe_forward(xx, *wts, top_k=k), x)
 
 
+def check_split_k(g, small):
+    """fp8_gemv and the MoE experts with K split (SPLIT_K > 1; the default 1 is checked above):
+    against the reference, CUDA graph replay, batch invariance."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    saved = (f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN)
+    shapes = [(1, 3584, 2560), (16, 2560, 2560), (64, 7680, 2560), (33, 97, 272)]
+    if small:
+        shapes = [(1, 33, 512), (3, 70, 768), (5, 7, 272)]
+    try:
+        for S in (2, 3, 5):
+            f8.SPLIT_K = S
+            for mode in ("tensor", "channel", "block"):
+                for M, N, K in shapes:
+                    if mode == "block" and K % 64:
+                        continue
+                    x = T.randn((M, K), g, device=DEV)
+                    w = T.fp8_weight(N, K, mode, g, device=DEV)
+                    out = fp8_gemv(x, *w)
+                    e = T.rel_err(out, fp8_gemv_ref(x, *w))
+                    msg = f"rel={e:.2e} " + check_graph("fp8 split", lambda: fp8_gemv(x, *w), out)
+                    record(f"fp8gemv SPLIT_K={S} {mode} M={M} N={N} K={K}", e < TOL["gemv"], msg)
+                x = T.randn((64, 2560), g, device=DEV)
+                w = T.fp8_weight(2560, 2560, mode, g, device=DEV)
+                check_gemv_invariance(f"fp8gemv SPLIT_K={S} {mode}", lambda xx: fp8_gemv(xx, *w), x)
+        E, H, I_, Is, k, Ms = ((8, 512, 96, 160, 2, (1, 3)) if small else
+                               (256, 2560, 768, 768, 6, (1, 16, 64)))
+        wts = T.moe_weights(E, H, I_, Is, g, device=DEV)
+        for sg, sd in ((2, 3), (5, 2)):
+            me.SPLIT_K_GATED, me.SPLIT_K_DOWN = sg, sd
+            for M in Ms:
+                x = T.randn((M, H), g, device=DEV)
+                out = moe_forward(x, *wts, top_k=k)
+                e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
+                run = lambda: moe_forward(x, *wts, top_k=k)  # noqa: E731
+                msg = f"rel={e:.2e} " + check_graph("moe split", run, out)
+                record(f"moe SPLIT_K={sg},{sd} E={E} H={H} I={I_} top{k} M={M}", e < TOL["moe"], msg)
+            x = T.randn((max(Ms), H), g, device=DEV)
+            check_gemv_invariance(f"moe SPLIT_K={sg},{sd}",
+                                  lambda xx: moe_forward(xx, *wts, top_k=k), x)
+    finally:
+        f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN = saved
+
+
 # ---------------------------------------------------------------- norms
 def flip_frac(a, b):
     return (a != b).float().mean().item() if a.numel() else 0.0
@@ -359,6 +404,7 @@ SECTIONS = {
     "nvfp4": check_nvfp4,
     "fp8gemv": check_fp8gemv,
     "moe": check_moe,
+    "splitk": check_split_k,
     "norm": check_norm,
     "qknorm": check_qk_norm_rope,
 }

@@ -10,6 +10,9 @@
 #       round's parity, graphs and host/device split.
 #       carry: engines/gpu-small/engine-fp8-nvfp4-hadamard-int4 engines/gpu-small/engine-fp8-nvfp4-fp8
 #              engines/gpu-small/spec_bench_question.jsonl
+#   PART=c bash bench/gpu_session.sh   the split-K sweeps of fp8_gemv and the MoE expert GEMM
+#       (bench/plugins.py; picks SPLIT_K per layer shape; ~5-8 min, mostly compilation).
+#       carry: nothing
 #   PART=b bash bench/gpu_session.sh   speed (~6 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode, a host/device profile.
 #       carry: engines/mini-h200 engines/prompts
@@ -38,11 +41,15 @@ step() {  # step NAME SECONDS COMMAND...: run under a timeout, log to $OUT/NAME.
 
 case "${PART:-}" in
   a)
-    step kernels 150 python3 bench/gpu_check.py --only norm,qknorm,fp8gemv,moe
+    step kernels 150 python3 bench/gpu_check.py --only norm,qknorm,fp8gemv,moe,splitk
     step runtime 170 python3 bench/gpu_runtime.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl
     step drafter 120 python3 bench/gpu_drafter.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl --only parity graphs round
+    ;;
+  c)
+    step splitk_gemv 280 python3 bench/plugins.py --only splitk_gemv
+    step splitk_moe 280 python3 bench/plugins.py --only splitk_moe
     ;;
   b)
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
@@ -54,7 +61,7 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a or b (see the header)" >&2
+    echo "PART must be a, b or c (see the header)" >&2
     exit 2
     ;;
 esac

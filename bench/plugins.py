@@ -3,6 +3,8 @@
 and run the INT4-key error study. One call:
 
     python3 bench/plugins.py [--only attn,gemv,moe,fold,study] [--quick] [--csv FILE]
+    python3 bench/plugins.py --only splitk [--quick]   # fp8 GEMV + MoE tiling/split-K sweeps only
+                                                       # (or splitk_gemv / splitk_moe: one each)
 
 Timing: each measured call is captured (with R copies on R different input sets, so that the L2
 cache cannot serve the weights / KV) in one CUDA graph; the graph is replayed ITERS times between
@@ -264,12 +266,14 @@ def bench_fold(quick):
 
 # ---------------------------------------------------------------- tuning sweep
 def sweep_one(label, mod, settings, run, nbytes):
-    """Time ``run()`` (a list of zero-arg calls) under each dict of module attributes in settings."""
+    """Time ``run()`` (a list of zero-arg calls) under each dict of module attributes in settings.
+    Returns [(cfg, µs)] of the configs that ran."""
     import itertools
     keys = list(settings)
     saved = {k: getattr(mod, k) for k in keys if k not in ("num_warps", "num_stages")}
     saved_tune = dict(mod.TUNE)
     best = None
+    results = []
     for combo in itertools.product(*settings.values()):
         cfg = dict(zip(keys, combo))
         for k, v in cfg.items():
@@ -280,6 +284,7 @@ def sweep_one(label, mod, settings, run, nbytes):
         try:
             us = time_calls(run())
             print(f"sweep {label:34s} {cfg} {us:9.1f} µs {nbytes / us / 1e6:5.2f} TB/s", flush=True)
+            results.append((cfg, us))
             if best is None or us < best[0]:
                 best = (us, cfg)
         except Exception as exc:
@@ -295,12 +300,77 @@ def sweep_one(label, mod, settings, run, nbytes):
             else:
                 setattr(mod, k, v)
     print(f"BEST {label}: {best}", flush=True)
+    return results
+
+
+def split_summary(label, results, key, current):
+    """One line per shape: the current config's time, then the best time for each value of the
+    split-K knob ``key`` (over the other swept knobs) and the config that got it."""
+    cur = [us for cfg, us in results if all(cfg[k] == v for k, v in current.items() if k in cfg)]
+    line = f"SPLITK {label:28s} current {cur[0] if cur else float('nan'):8.1f} µs |"
+    for v in dict.fromkeys(cfg[key] for cfg, _ in results):
+        us, cfg = min(((us, cfg) for cfg, us in results if cfg[key] == v), key=lambda r: r[0])
+        other = {k: x for k, x in cfg.items() if k != key}
+        line += f" {key}={v}: {us:7.1f} µs {other} |"
+    print(line, flush=True)
+
+
+FP8_SWEEP_SHAPES = (("qkv", "tensor", 3584, 2560), ("o_proj", "tensor", 2560, 2560),
+                    ("block", "block", 7680, 2560))
+FP8_SPLITS = [1, 2, 3, 5, 10]    # K = 2560 in 256-steps: 10 | 5+5 | 4+4+2 | 5x2 | 10x1
+MOE_SPLITS_GATED = [1, 2, 5]     # K = H = 2560
+MOE_SPLITS_DOWN = [1, 2, 3]      # K = I = 768: 3 steps of 256
+
+
+def sweep_fp8_gemv(quick, shapes=FP8_SWEEP_SHAPES, ms=(1, 4, 16, 64)):
+    """fp8_gemv launch config x split-K per (shape, M); SPLITK lines: per-S best vs current.
+    SPLIT_K must be one value per shape (batch invariance): read each shape's lines across M."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    current = dict(BLOCK_K=f8.BLOCK_K, SPLIT_K=f8.SPLIT_K, **f8.TUNE)
+    grid = (dict(BLOCK_K=[256], num_warps=[4], num_stages=[3]) if quick else
+            dict(BLOCK_K=[256, 512], num_warps=[4, 8], num_stages=[3, 4]))
+    for name, mode, N, K in shapes:
+        ws = [(torch.randn((N, K), device=DEV).to(E4M3),
+               torch.tensor([0.02], device=DEV) if mode == "tensor" else torch.rand((N, K // 64), device=DEV))
+              for _ in range(sets_for(N * K))]
+        for M in ms:
+            x = torch.randn((M, K), device=DEV).bfloat16()
+            label = f"fp8 gemv {name} {N}x{K} M={M}"
+            res = sweep_one(label, f8, dict(grid, SPLIT_K=FP8_SPLITS),
+                            lambda: [lambda w=w: fp8_gemv(x, *w) for w in ws], N * K)
+            split_summary(label, res, "SPLIT_K", current)
+        del ws
+
+
+def sweep_moe(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
+    """moe_experts tiles x split-K (gate_up and down) per M; SPLITK lines as for fp8_gemv."""
+    import importlib
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    current = dict(BLOCK_N_GATED=me.BLOCK_N_GATED, BLOCK_N_DOWN=me.BLOCK_N_DOWN,
+                   SPLIT_K_GATED=me.SPLIT_K_GATED, SPLIT_K_DOWN=me.SPLIT_K_DOWN, **me.TUNE)
+    grid = (dict(BLOCK_N_GATED=[32], BLOCK_N_DOWN=[64], num_stages=[3]) if quick else
+            dict(BLOCK_N_GATED=[16, 32], BLOCK_N_DOWN=[32, 64], num_stages=[3]))
+    wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
+           torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
+           torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
+           torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
+           torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
+    for M in ms:
+        xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
+        label = f"moe M={M}"
+        res = sweep_one(label, me, dict(grid, SPLIT_K_GATED=MOE_SPLITS_GATED,
+                                        SPLIT_K_DOWN=MOE_SPLITS_DOWN),
+                        lambda: [lambda x=x: moe_forward(x, *wts, top_k=k) for x in xs],
+                        k * 3 * inter * H * M)
+        split_summary(label + " gate_up", res, "SPLIT_K_GATED", current)
+        split_summary(label + " down", res, "SPLIT_K_DOWN", current)
 
 
 def bench_sweep(quick):
     import importlib  # the package re-exports functions under the module names: go by sys.modules
-    f8, fa, ia, me, nv = (importlib.import_module(f"kolibri_trt_plugins.{m}") for m in (
-        "fp8_gemv", "fp8_paged_attention", "int4_paged_attention", "moe_experts", "nvfp4_gemv"))
+    fa, ia, nv = (importlib.import_module(f"kolibri_trt_plugins.{m}") for m in (
+        "fp8_paged_attention", "int4_paged_attention", "nvfp4_gemv"))
     hkv, B, ctx, blk = 4, 16, 32768, 64
     sl = torch.full((B,), ctx, dtype=torch.int32, device=DEV)
     cu = torch.arange(0, B + 1, dtype=torch.int32, device=DEV)
@@ -330,27 +400,8 @@ def bench_sweep(quick):
                                             num_stages=[3, 4]),
               lambda: [lambda: nvfp4_gemv(x, *w)], N * K * 9 / 16)
     del w
-    for mode, N in (("tensor", 3584), ("block", 7680)):
-        K = 2560
-        ws = [(torch.randn((N, K), device=DEV).to(E4M3),
-               torch.tensor([0.02], device=DEV) if mode == "tensor" else torch.rand((N, K // 64), device=DEV))
-              for _ in range(sets_for(N * K))]
-        x = torch.randn((1, K), device=DEV).bfloat16()
-        sweep_one(f"fp8 gemv {mode} N={N} M=1", f8, dict(BLOCK_K=[256, 512], num_warps=[4, 8],
-                                                         num_stages=[3, 4]),
-                  lambda: [lambda w=w: fp8_gemv(x, *w) for w in ws], N * K)
-        del ws
-    E, H, inter = 256, 2560, 768
-    wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
-           torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
-           torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
-    for M in (1, 16):
-        xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
-        sweep_one(f"moe M={M}", me, dict(BLOCK_N_GATED=[16, 32], BLOCK_N_DOWN=[32, 64],
-                                          num_stages=[2, 3]),
-                  lambda: [lambda x=x: moe_forward(x, *wts, top_k=6) for x in xs], 6 * 5.9e6 * M)
+    sweep_fp8_gemv(quick)
+    sweep_moe(quick)
 
 
 def main():
@@ -373,7 +424,9 @@ def main():
             else:
                 print(hdr)
                 {"attn": bench_attention, "gemv": lambda q: (bench_nvfp4(q), bench_fp8(q)),
-                 "moe": bench_moe, "fold": bench_fold, "sweep": bench_sweep}[sec](args.quick)
+                 "moe": bench_moe, "fold": bench_fold, "sweep": bench_sweep,
+                 "splitk": lambda q: (sweep_fp8_gemv(q), sweep_moe(q)),
+                 "splitk_gemv": sweep_fp8_gemv, "splitk_moe": sweep_moe}[sec](args.quick)
         except Exception:  # keep the other sections' numbers
             traceback.print_exc()
         torch.cuda.empty_cache()

@@ -9,6 +9,11 @@ per-channel scales multiply the fp32 result once; block scales multiply the weig
 (fp32 product rounded to bf16: 2^-9 relative, far below e4m3's own 2^-4 step).
 
 Batch invariance: 16-row dot tiles, fixed K order, tile config a function of N and K only.
+
+Split-K (``split_k_for``; default 1 = the single-pass kernel): program (n-tile, m-tile, s) walks
+K range s (plugins/_split_k.py) and stores fp32 partials [S, M, N] (block scales already applied
+in registers); ``_fp8_gemv_reduce_kernel`` sums them in the order s = 0..S-1, applies the
+per-tensor / per-channel scale and rounds to bf16. S is a function of (N, K) only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
+from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
 MAX_TILES = 4
@@ -23,6 +29,8 @@ SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+SPLIT_K = 1         # K splits (split_k_for; bench/plugins.py sweeps it)
+BLOCK_R = 1024      # columns per program of the split-K reduce
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 
@@ -30,7 +38,8 @@ MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
                      MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SUB_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
-                     DOT_F32: tl.constexpr):
+                     DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+    """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range."""
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -41,7 +50,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
     acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if SPLIT == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_lo, k_hi = k_range(K, tl.program_id(2), SPLIT, BLOCK_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         kx = k0 + tl.arange(0, BLOCK_K)
         kmask = kx < K
         w = tl.load(w_ptr + n64[:, None] * K + kx[None, :], mask=nmask[:, None] & kmask[None, :],
@@ -69,17 +83,42 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
                 acc2 = tl.dot(xt, w_t, acc2)
             else:
                 acc3 = tl.dot(xt, w_t, acc3)
+    if SPLIT == 1:
+        if MODE == 0:
+            scale = tl.load(s_ptr)
+        elif MODE == 1:
+            scale = tl.load(s_ptr + n64, mask=nmask, other=0.0)[None, :]
+        else:
+            scale = 1.0
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+            tl.store(y_ptr + m[:, None].to(tl.int64) * N + n64[None, :],
+                     (out * scale).to(tl.bfloat16), mask=(m < M)[:, None] & nmask[None, :])
+    else:  # unscaled fp32 partial of K range program_id(2)
+        p_ptr = y_ptr + tl.program_id(2).to(tl.int64) * M * N
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+            tl.store(p_ptr + m[:, None].to(tl.int64) * N + n64[None, :], out,
+                     mask=(m < M)[:, None] & nmask[None, :])
+
+
+@jit
+def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, M, N, MODE: tl.constexpr, SPLIT: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """y[m, n] = bf16(scale · Σ_s p[s, m, n]), s = 0..SPLIT-1 in order; grid (M, N / BLOCK)."""
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    nmask = n < N
+    offs = tl.program_id(0).to(tl.int64) * N + n
+    out = sum_splits(p_ptr, offs, nmask, M * N, SPLIT)
     if MODE == 0:
         scale = tl.load(s_ptr)
     elif MODE == 1:
-        scale = tl.load(s_ptr + n64, mask=nmask, other=0.0)[None, :]
+        scale = tl.load(s_ptr + n, mask=nmask, other=0.0)
     else:
         scale = 1.0
-    for t in tl.static_range(MT):
-        m = m0 + t * ROWS + rows
-        out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
-        tl.store(y_ptr + m[:, None].to(tl.int64) * N + n64[None, :],
-                 (out * scale).to(tl.bfloat16), mask=(m < M)[:, None] & nmask[None, :])
+    tl.store(y_ptr + offs, (out * scale).to(tl.bfloat16), mask=nmask)
 
 
 def fp8_dequantize_ref(weight, weight_scale) -> torch.Tensor:
@@ -118,6 +157,12 @@ def block_n_for(n: int) -> int:
     return bn
 
 
+def split_k_for(n: int, k: int) -> int:
+    """K splits asked for (a function of N and K only: batch invariance); the launch drops empty
+    ranges (_split_k.num_splits)."""
+    return SPLIT_K
+
+
 def scale_mode(weight, weight_scale) -> int:
     if weight_scale.numel() == 1 and weight_scale.dim() <= 1:
         return MODE_TENSOR
@@ -134,9 +179,20 @@ def _launch(x, weight, weight_scale, interpret):
         return y
     mt = min(MAX_TILES, cdiv(M, ROWS))
     bn = block_n_for(N)
-    launch(_fp8_gemv_kernel, (cdiv(N, bn), cdiv(M, ROWS * mt)), x, weight, weight_scale, y, M, N,
-           K, x.stride(0), MODE=scale_mode(weight, weight_scale), BLOCK_N=bn, BLOCK_K=BLOCK_K,
-           SUB_K=SUB_K, ROWS=ROWS, MT=mt, DOT_F32=interpret, interpret=interpret, **TUNE)
+    mode = scale_mode(weight, weight_scale)
+    split = num_splits(K, split_k_for(N, K), BLOCK_K)
+    grid = (cdiv(N, bn), cdiv(M, ROWS * mt))
+    if split == 1:
+        launch(_fp8_gemv_kernel, grid, x, weight, weight_scale, y, M, N, K, x.stride(0),
+               MODE=mode, BLOCK_N=bn, BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=ROWS, MT=mt,
+               DOT_F32=interpret, interpret=interpret, **TUNE)
+        return y
+    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+    launch(_fp8_gemv_kernel, grid + (split,), x, weight, weight_scale, part, M, N, K, x.stride(0),
+           MODE=mode, BLOCK_N=bn, BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=ROWS, MT=mt,
+           DOT_F32=interpret, SPLIT=split, interpret=interpret, **TUNE)
+    launch(_fp8_gemv_reduce_kernel, (M, cdiv(N, BLOCK_R)), part, weight_scale, y, M, N, MODE=mode,
+           SPLIT=split, BLOCK=BLOCK_R, num_warps=4, interpret=interpret)
     return y
 
 

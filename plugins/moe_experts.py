@@ -9,6 +9,12 @@ expert's weight tile. Unit M·k is the shared expert (all tokens, slot k).
 - not GATED (down): w [E, N, K], input act[m, slot, :K]; writes out[m, slot, :N] = fp32 s_e·act·wᵀ.
 Weights e4m3 with one fp32 scale per expert (shared/spec/kolibri-1.md, plugins/LAYOUTS.md).
 Batch invariance: 16-row dot tiles, fixed K order; a token's rows never mix with other tokens'.
+
+Split-K (``split_k_for``; default 1 = the single-pass kernel): program (u, n-tile, s) walks K range
+s (plugins/_split_k.py) and stores unscaled fp32 partials [S, G, M, k+1, Np] (G = 2: gate, up;
+G = 1: down); ``_moe_split_combine_kernel`` sums them in the order s = 0..S-1 and applies the
+expert scale (and silu(gate)·up), writing the same act / out rows. S is a function of the layer
+shape only.
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ from __future__ import annotations
 import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
+from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
 BLOCK_K = 256
 BLOCK_N_GATED, BLOCK_N_DOWN = 32, 64  # H200 sweep (plugins/NOTES.md)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
+BLOCK_C = 256                         # columns per program of the split-K combine
 
 
 @jit
@@ -58,11 +67,13 @@ def _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK: tl.constexpr, M_P: 
 
 @jit
 def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
-                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s,
+                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
-                       DOT_F32: tl.constexpr):
+                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+    """SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
+    so_s); program_id(2) is the K range."""
     u = tl.program_id(0)
     is_shared = u == M * TOPK
     uu = tl.arange(0, U_P)
@@ -93,7 +104,12 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
         r1, v1, _c = _tile_src(ids_ptr, e, M, 1, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
         r2, v2, _c = _tile_src(ids_ptr, e, M, 2, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
         r3, v3, _c = _tile_src(ids_ptr, e, M, 3, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
-        for k0 in range(0, k_in, BLOCK_K):
+        if SPLIT == 1:
+            k_lo = 0
+            k_hi = k_in
+        else:
+            k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             kx = k0 + tl.arange(0, BLOCK_K)
             wm = nmask[:, None] & (kx < k_in)[None, :]
             wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
@@ -133,7 +149,13 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                 g = g0 if t == 0 else (g1 if t == 1 else (g2 if t == 2 else g3))
                 orow = (tok.to(tl.int64) * (TOPK + 1) + tslot) * so_s
                 omask = valid[:, None] & nmask[None, :]
-                if GATED:
+                if SPLIT > 1:  # unscaled partials of K range program_id(2)
+                    pb = o_ptr + tl.program_id(2).to(tl.int64) * sp_s + orow[:, None] + n[None, :]
+                    tl.store(pb, g, mask=omask)
+                    if GATED:
+                        up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
+                        tl.store(pb + sp_g, up, mask=omask)
+                elif GATED:
                     up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
                     gs = g * scale
                     h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
@@ -142,9 +164,40 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                     tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
 
 
+@jit
+def _moe_split_combine_kernel(p_ptr, ids_ptr, ws_ptr, shs_ptr, o_ptr, N, N_SH, sp_s, sp_g, sp_r,
+                              so_s, TOPK: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """Row r = m·(k+1) + slot: sum the SPLIT partials in order, scale by the row's expert scale;
+    GATED: act = bf16(silu(s·gate)·(s·up)), else out = fp32 s·Σ. N_SH = 0: no shared expert."""
+    r = tl.program_id(0)
+    slot = r % (TOPK + 1)
+    is_shared = slot == TOPK
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    nmask = n < tl.where(is_shared, N_SH, N)
+    e = tl.load(ids_ptr + (r // (TOPK + 1)) * TOPK + tl.minimum(slot, TOPK - 1))
+    scale = tl.where(is_shared, tl.load(shs_ptr), tl.load(ws_ptr + e))
+    poff = r.to(tl.int64) * sp_r + n
+    ooff = r.to(tl.int64) * so_s + n
+    g = sum_splits(p_ptr, poff, nmask, sp_s, SPLIT)
+    if GATED:
+        up = sum_splits(p_ptr + sp_g, poff, nmask, sp_s, SPLIT)
+        gs = g * scale
+        h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
+        tl.store(o_ptr + ooff, h.to(tl.bfloat16), mask=nmask)
+    else:
+        tl.store(o_ptr + ooff, g * scale, mask=nmask)
+
+
 def block_n_for(n: int, gated: bool) -> int:
     """Output columns per program (a function of the layer shape only)."""
     return BLOCK_N_GATED if gated else BLOCK_N_DOWN
+
+
+def split_k_for(n: int, k: int, gated: bool) -> int:
+    """K splits asked for (a function of the layer shape only: batch invariance); the launch
+    drops empty ranges (_split_k.num_splits)."""
+    return SPLIT_K_GATED if gated else SPLIT_K_DOWN
 
 
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
@@ -154,15 +207,29 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     a: bf16 input rows (x [M, K] with sa_s = 0, or act [M, k+1, K] with sa_s = its slot stride);
     ids: int32 [M, k]; w: e4m3 [E, 2n|n, K]; ws: fp32 [E]; shw: e4m3 [1, 2n_sh|n_sh, K] or None;
     shs: fp32 [1]; out: bf16 act [M, k+1, >= n] (gated) or fp32 [M, k+1, >= n] (down).
+    With split_k_for(...) > 1: the expert kernel over (units, n-tiles, S), then the combine.
     """
     M, topk = ids.shape
     if M > MAX_TOKENS:
         raise ValueError(f"ids: {M} tokens in one launch, at most {MAX_TOKENS}")
     units = M * topk + (1 if shw is not None else 0)
     bn = block_n_for(n, gated)
-    grid = (units, cdiv(max(n, n_sh if shw is not None else 0), bn))
-    launch(_moe_expert_kernel, grid, a, ids, w, ws, shw if shw is not None else w,
-           shs if shs is not None else ws, out, M, n, k, n_sh, k_sh, a.stride(0), sa_s, out.stride(1),
-           TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS,
-           MT=cdiv(M, ROWS), M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
-           U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
+    n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
+    grid = (units, cdiv(max(n, n_sh_eff), bn))
+    split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
+    shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
+    meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
+                M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
+                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
+    if split == 1:
+        launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
+               a.stride(0), sa_s, out.stride(1), 0, 0, **meta)
+        return
+    width = max(n, n_sh_eff)
+    part = torch.empty((split, 2 if gated else 1, M, topk + 1, width), dtype=torch.float32,
+                       device=out.device)
+    launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, M, n, k, n_sh, k_sh,
+           a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split, **meta)
+    launch(_moe_split_combine_kernel, (M * (topk + 1), cdiv(width, BLOCK_C)), part, ids, ws, shs,
+           out, n, n_sh_eff, part.stride(0), part.stride(1), part.stride(3), out.stride(1),
+           TOPK=topk, GATED=gated, SPLIT=split, BLOCK=BLOCK_C, num_warps=4, interpret=interpret)
