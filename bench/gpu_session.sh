@@ -7,19 +7,22 @@
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
-#       round's parity, graphs and host/device split.
-#       carry: engines/gpu-small/engine-fp8-nvfp4-hadamard-int4 engines/gpu-small/engine-fp8-nvfp4-fp8
-#              engines/gpu-small/spec_bench_question.jsonl
+#       round's parity, graphs and host/device split.          carry: engines/carry-a.tar.xz
 #   PART=c bash bench/gpu_session.sh   the split-K sweeps of fp8_gemv and the MoE expert GEMM
 #       (bench/plugins.py; picks SPLIT_K per layer shape; ~5-8 min, mostly compilation).
-#       carry: nothing
+#                                                               carry: nothing
 #   PART=b bash bench/gpu_session.sh   speed (~6 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode, a host/device profile.
-#       carry: engines/mini-h200 engines/prompts
+#                                                               carry: engines/carry-b.tar.xz
 #
-# Here, first: `python bench/gpu_runtime.py --make-engines engines/gpu-small` (part a) and
-# `python build.py --target h200 --force --out engines/mini-h200` plus
-# `mkdir -p engines/prompts && cp ../shared/data/prompts/* engines/prompts/` (part b).
+# The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
+# travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
+#   python bench/gpu_runtime.py --make-engines engines/gpu-small
+#   tar -C engines -cf - gpu-small/engine-fp8-nvfp4-hadamard-int4 gpu-small/engine-fp8-nvfp4-fp8 \
+#       gpu-small/spec_bench_question.jsonl | xz -9 > engines/carry-a.tar.xz
+#   python build.py --target h200 --force --out engines/mini-h200
+#   mkdir -p engines/prompts && cp ../shared/data/prompts/* engines/prompts/
+#   tar -C engines -cf - mini-h200 prompts | xz -9 > engines/carry-b.tar.xz
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -39,8 +42,15 @@ step() {  # step NAME SECONDS COMMAND...: run under a timeout, log to $OUT/NAME.
   [ "$rc" = 0 ] || FAILED+=("$name")
 }
 
+unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried
+  [ -f "engines/$1.tar.xz" ] || return 0
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('engines', filter='data')" \
+    "engines/$1.tar.xz" && echo "unpacked engines/$1.tar.xz"
+}
+
 case "${PART:-}" in
   a)
+    unpack carry-a
     step kernels 150 python3 bench/gpu_check.py --only norm,qknorm,fp8gemv,moe,splitk
     step runtime 170 python3 bench/gpu_runtime.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl
@@ -52,6 +62,7 @@ case "${PART:-}" in
     step splitk_moe 280 python3 bench/plugins.py --only splitk_moe
     ;;
   b)
+    unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
       --budget 180
     step acceptance 170 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
