@@ -12,8 +12,13 @@ runs:
   configs: ranks 16/32, intermediate 96) is padded with zero columns at load and the
   activation with zeros per call. The head slice in "nvfp4" goes to `nvfp4_gemv`. "bf16"
   groups (the exact-parity engine) run `ops.linear`, the reference's own product;
-- norms, RoPE and the embedding (the target's, bf16) as in `model/ops.py`; activations bf16
-  (the dequantizing CPU reference runs fp32 activations through fp32 weights);
+- RMSNorms of bf16 rows go to the `add_rms_norm` plugin (`plugins/add_rms_norm.py`, one
+  kernel per norm, the residual add before the attention block's post norm and a sequential
+  head's final norm fused into it; the maths of `ops.rms_norm`), with bf16 copies of the gains
+  made once; the per-tap norms of `fuse_taps` (a gain per tap) stay `ops.rms_norm`. RoPE tables
+  come from `ops.rope_tables` over inverse frequencies made once (= `ops.rope_cos_sin`); the
+  embedding is the target's, bf16; activations bf16 (the dequantizing CPU reference runs fp32
+  activations through fp32 weights);
 - context K/V live in static device buffers (`DrafterRing`, `plugin_weights.py`): per
   stream slot a ring of R = context_window + depth * B rows per layer, bf16
   [slots + 1, R, Hkv, D], and the absolute position held by each ring row (int64
@@ -43,6 +48,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from kolibri_trt_plugins import add_rms_norm
 
 from ..model import ops
 from .config import DrafterConfig
@@ -57,7 +63,8 @@ class DrafterPlugin:
     config: the drafter's; embed: the target's embedding bf16 [V, H]; draft_vocab: int64 [Vd]
     target ids; tap_norms: [n_taps, Ht]; fuse, fc: PluginLinear; mask_embedding bf16 [H];
     layers; predecessor: (A, B, U) PluginLinear; norm: [H]; head: PluginHead. Norm gains are
-    the stored bf16 values held in fp32.
+    the stored bf16 values held in fp32; `__init__` keeps bf16 copies of the body and final
+    gains for the plugin norm (exact) and the RoPE inverse frequencies (`ops.rope_inv_freq`).
     attn: "dense" (fp32 einsum + softmax over the ring, the default) or "sdpa"
     (`F.scaled_dot_product_attention` on bf16 with a boolean mask).
     """
@@ -74,6 +81,11 @@ class DrafterPlugin:
         self.mask_embedding, self.layers = mask_embedding, list(layers)
         self.predecessor, self.norm, self.head, self.attn = predecessor, norm, head, attn
         self.device = embed.device
+        # per layer (input, post, spine or None) gains, bf16 [H] contiguous: the plugin's layout
+        self.gains = [(_bf16(w.input_norm), _bf16(w.post_norm),
+                       None if w.spine is None else _bf16(w.spine[0])) for w in self.layers]
+        self.norm_bf16 = _bf16(norm)
+        self.rope_inv_freq = ops.rope_inv_freq(config.head_dim, config.rope_theta, self.device)
 
     # ---- building ------------------------------------------------------------------------
     @classmethod
@@ -142,11 +154,18 @@ class DrafterPlugin:
         normed = ops.rms_norm(taps, self.tap_norms, self.config.rms_norm_eps)
         return self.fuse(normed.reshape(n, -1))
 
-    def _kv(self, w: DrafterLayerWeights, rows: torch.Tensor, cos, sin):
-        """Keys (RoPE) and values of rows bf16 [N, H]: [N, Hkv, D] each (`DrafterLayer.kv`)."""
+    def _norm(self, x: torch.Tensor, gain: torch.Tensor, residual: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plugin norm of bf16 [T, H] rows (last-dim stride 1): (h, y) with h = x + residual
+        (x itself without one) and y = `ops.rms_norm(h, gain, eps)`, bit for bit on CPU."""
+        return add_rms_norm(x, residual, gain, self.config.rms_norm_eps)
+
+    def _kv(self, i: int, rows: torch.Tensor, cos, sin):
+        """Keys (RoPE) and values of rows bf16 [N, H] for layer i: [N, Hkv, D] each
+        (`DrafterLayer.kv`)."""
         c = self.config
         n, hkv = rows.shape[0], c.num_key_value_heads
-        kv = w.kv(ops.rms_norm(rows, w.input_norm, c.rms_norm_eps))
+        kv = self.layers[i].kv(self._norm(rows, self.gains[i][0])[1])
         k = kv[:, :hkv * c.head_dim].view(n, hkv, c.head_dim)
         v = kv[:, hkv * c.head_dim:].view(n, hkv, c.head_dim)
         return ops.apply_rope(k, cos, sin), v
@@ -164,12 +183,11 @@ class DrafterPlugin:
 
         taps bf16 [N, n_taps, Ht]; next_ids, slots, positions int64 [N] (device). Padding
         rows: slot = ring.trash, position -1."""
-        c = self.config
         ctx = self.fc(torch.cat([self.fuse_taps(taps), self.embed(next_ids)], -1))
-        cos, sin = ops.rope_cos_sin(positions, c.head_dim, c.rope_theta)
+        cos, sin = ops.rope_tables(positions, self.rope_inv_freq)
         rows = positions.remainder(ring.size)
-        for i, w in enumerate(self.layers):
-            k, v = self._kv(w, ctx, cos, sin)
+        for i in range(len(self.layers)):
+            k, v = self._kv(i, ctx, cos, sin)
             self._write(ring, i, slots, rows, k, v)
         ring.pos[slots, rows] = positions
 
@@ -201,7 +219,7 @@ class DrafterPlugin:
             flat = pos.reshape(-1)
             rows = flat.remainder(ring.size)
             ring.pos[row_slots, rows] = flat
-            cos, sin = ops.rope_cos_sin(flat, c.head_dim, c.rope_theta)
+            cos, sin = ops.rope_tables(flat, self.rope_inv_freq)
             visible = self._visible(ring, slots, anchors, pos, length)
             x = torch.cat([anchor_ctx[:, None], mask_rows[:, None].expand(s, b - 1, h)], 1)
             for i, w in enumerate(self.layers):
@@ -217,8 +235,8 @@ class DrafterPlugin:
                                      torch.cat([states[:, -1], mask], -1)]))
             new = nxt[:s * b].view(s, b, h)
             prov = torch.cat([anchor_ctx[:, None], new[:, :-1]], 1).reshape(s * b, h)
-            for i, w in enumerate(self.layers):
-                k, v = self._kv(w, prov, cos, sin)
+            for i in range(len(self.layers)):
+                k, v = self._kv(i, prov, cos, sin)
                 self._write(ring, i, row_slots, rows, k, v)
             anchor_ctx, mask_rows = new[:, -1], nxt[s * b:]
             anchors = anchors + b
@@ -233,25 +251,27 @@ class DrafterPlugin:
 
     def _layer(self, ring: DrafterRing, i: int, w: DrafterLayerWeights, x: torch.Tensor,
                cos, sin, row_slots, rows, slots, visible, length: int) -> torch.Tensor:
-        """One body layer over the block rows x bf16 [S, B, H] (`DrafterLayer.forward`)."""
+        """One body layer over the block rows x bf16 [S, B, H] (`DrafterLayer.forward`).
+        Norms: the plugin's; the o_proj residual add is fused into the post norm (the spine's
+        add touches rows 1.. only and stays a torch add)."""
         c = self.config
         s, b, h = x.shape
-        eps, d = c.rms_norm_eps, c.head_dim
+        d, (input_norm, post_norm, spine_norm) = c.head_dim, self.gains[i]
         hq, hkv = c.num_attention_heads, c.num_key_value_heads
         if w.spine is not None and b > 1:
-            norm, a, u = w.spine
+            _, a, u = w.spine
             prev = x[:, :-1].reshape(s * (b - 1), h)
-            delta = u(F.silu(a(ops.rms_norm(prev, norm, eps)))).view(s, b - 1, h)
+            delta = u(F.silu(a(self._norm(prev, spine_norm)[1]))).view(s, b - 1, h)
             x = torch.cat([x[:, :1], x[:, 1:] + delta], 1)
         xf = x.reshape(s * b, h)
-        qkv = w.qkv(ops.rms_norm(xf, w.input_norm, eps))
+        qkv = w.qkv(self._norm(xf, input_norm)[1])
         qk = ops.apply_rope(qkv[:, :(hq + hkv) * d].view(s * b, hq + hkv, d), cos, sin)
         v = qkv[:, (hq + hkv) * d:].view(s * b, hkv, d)
         self._write(ring, i, row_slots, rows, qk[:, hq:], v)
         a = self._attend(qk[:, :hq].reshape(s, b, hq, d), ring.k[i], ring.v[i], slots, visible,
                          length)
-        xf = xf + w.o_proj(a)
-        gu = w.w13(ops.rms_norm(xf, w.post_norm, eps))
+        xf, normed = self._norm(xf, post_norm, w.o_proj(a))        # xf + o_proj(a), norm
+        gu = w.w13(normed)
         inter = gu.shape[1] // 2
         xf = xf + w.down(F.silu(gu[:, :inter]) * gu[:, inter:])
         return xf.view(s, b, h)
@@ -278,16 +298,23 @@ class DrafterPlugin:
 
     def _heads(self, x: torch.Tensor):
         """Sequential heads (`KolibriBlockDrafter._heads`): returns states bf16 [S, B, H],
-        drafts int64 [S, B] (target ids), fp32 logits [S, B, Vd]."""
+        drafts int64 [S, B] (target ids), fp32 logits [S, B, Vd]. The predecessor's residual
+        add is fused into the final norm (plugin)."""
         a, bm, u = self.predecessor
-        eps = self.config.rms_norm_eps
         states, drafts, logits = [], [], []
         for j in range(x.shape[1]):
-            xj = x[:, j]
-            g = xj if j == 0 else xj + u(F.silu(a(xj) + bm(self.embed(drafts[-1]))))
-            lj = self.head(ops.rms_norm(g, self.norm, eps))
+            xj = x[:, j]                                   # [S, H] view, row stride B*H
+            res = None if j == 0 else u(F.silu(a(xj) + bm(self.embed(drafts[-1]))))
+            g, normed = self._norm(xj, self.norm_bf16, res)   # g = xj + res (xj without)
+            lj = self.head(normed)
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index
             drafts.append(self.draft_vocab[torch.argmax(lj, dim=-1)])
             states.append(g)
             logits.append(lj)
         return torch.stack(states, 1), torch.stack(drafts, 1), torch.stack(logits, 1)
+
+
+def _bf16(gain: torch.Tensor) -> torch.Tensor:
+    """A norm gain (bf16 values held in fp32) as the plugin takes it: bf16 [H] contiguous;
+    exact, so the norm's `weight.float()` sees the same values."""
+    return gain.to(torch.bfloat16).contiguous()
