@@ -5,6 +5,7 @@ and run the INT4-key error study. One call:
     python3 bench/plugins.py [--only attn,gemv,moe,fold,study] [--quick] [--csv FILE]
     python3 bench/plugins.py --only splitk [--quick]   # fp8 GEMV + MoE tiling/split-K sweeps only
                                                        # (or splitk_gemv / splitk_moe: one each)
+    python3 bench/plugins.py --only moe_tiles [--quick] # MoE operand order x tiles sweep
 
 Timing: each measured call is captured (with R copies on R different input sets, so that the L2
 cache cannot serve the weights / KV) in one CUDA graph; the graph is replayed ITERS times between
@@ -327,7 +328,6 @@ def sweep_fp8_gemv(quick, shapes=FP8_SWEEP_SHAPES, ms=(1, 4, 16, 64)):
     SPLIT_K must be one value per shape (batch invariance): read each shape's lines across M."""
     import importlib
     f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
-    current = dict(BLOCK_K=f8.BLOCK_K, SPLIT_K=f8.SPLIT_K, **f8.TUNE)
     grid = (dict(BLOCK_K=[256], num_warps=[4], num_stages=[3]) if quick else
             dict(BLOCK_K=[256, 512], num_warps=[4, 8], num_stages=[3, 4]))
     for name, mode, N, K in shapes:
@@ -337,6 +337,7 @@ def sweep_fp8_gemv(quick, shapes=FP8_SWEEP_SHAPES, ms=(1, 4, 16, 64)):
         for M in ms:
             x = torch.randn((M, K), device=DEV).bfloat16()
             label = f"fp8 gemv {name} {N}x{K} M={M}"
+            current = dict(BLOCK_K=f8.BLOCK_K, SPLIT_K=f8.split_k_for(N, K), **f8.TUNE)
             res = sweep_one(label, f8, dict(grid, SPLIT_K=FP8_SPLITS),
                             lambda: [lambda w=w: fp8_gemv(x, *w) for w in ws], N * K)
             split_summary(label, res, "SPLIT_K", current)
@@ -365,6 +366,37 @@ def sweep_moe(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
                         k * 3 * inter * H * M)
         split_summary(label + " gate_up", res, "SPLIT_K_GATED", current)
         split_summary(label + " down", res, "SPLIT_K_DOWN", current)
+
+
+def moe_bytes(xs, router, E=256, H=2560, inter=768, k=6):
+    """Least bytes one moe_forward call moves: router, distinct experts + shared, x in, y out."""
+    distinct = statistics.mean(len(set(moe_route_ref(x, router, k)[0].flatten().tolist()))
+                               for x in xs)
+    return E * H * 2 + (distinct + 1) * (3 * inter * H + 4) + 2 * xs[0].shape[0] * H * 2
+
+
+def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
+    """moe_experts operand order (SWAP_AB: weights as the dot's A operand) x tiles x launch
+    config, K unsplit; TILES lines: best per SWAP_AB value, one line per M."""
+    import importlib
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    grid = (dict(SWAP_AB=[False, True], BLOCK_N_GATED=[32, 64], BLOCK_N_DOWN=[64], num_warps=[4],
+                 num_stages=[3]) if quick else
+            dict(SWAP_AB=[False, True], BLOCK_N_GATED=[32, 64, 128], BLOCK_N_DOWN=[64, 128],
+                 num_warps=[4, 8], num_stages=[3]))
+    current = dict(SWAP_AB=me.SWAP_AB, BLOCK_N_GATED=me.BLOCK_N_GATED,
+                   BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
+    wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
+           torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
+           torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
+           torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
+           torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
+    for M in ms:
+        xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
+        label = f"moe tiles M={M}"
+        res = sweep_one(label, me, grid, lambda: [lambda x=x: moe_forward(x, *wts, top_k=k)
+                                                  for x in xs], moe_bytes(xs, wts[0], E, H, inter, k))
+        split_summary(label, res, "SWAP_AB", current)
 
 
 def bench_sweep(quick):
@@ -426,7 +458,8 @@ def main():
                 {"attn": bench_attention, "gemv": lambda q: (bench_nvfp4(q), bench_fp8(q)),
                  "moe": bench_moe, "fold": bench_fold, "sweep": bench_sweep,
                  "splitk": lambda q: (sweep_fp8_gemv(q), sweep_moe(q)),
-                 "splitk_gemv": sweep_fp8_gemv, "splitk_moe": sweep_moe}[sec](args.quick)
+                 "splitk_gemv": sweep_fp8_gemv, "splitk_moe": sweep_moe,
+                 "moe_tiles": sweep_moe_tiles}[sec](args.quick)
         except Exception:  # keep the other sections' numbers
             traceback.print_exc()
         torch.cuda.empty_cache()

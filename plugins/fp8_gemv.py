@@ -29,7 +29,10 @@ SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-SPLIT_K = 1         # K splits (split_k_for; bench/plugins.py sweeps it)
+SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
+# (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
+# bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
+SPLIT_K_BY_SHAPE = {(2560, 2560): 3}
 BLOCK_R = 1024      # columns per program of the split-K reduce
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
@@ -160,7 +163,9 @@ def block_n_for(n: int) -> int:
 def split_k_for(n: int, k: int) -> int:
     """K splits asked for (a function of N and K only: batch invariance); the launch drops empty
     ranges (_split_k.num_splits)."""
-    return SPLIT_K
+    if SPLIT_K is not None:
+        return SPLIT_K
+    return SPLIT_K_BY_SHAPE.get((n, k), 1)
 
 
 def scale_mode(weight, weight_scale) -> int:
