@@ -3,7 +3,7 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,moeswap,splitk,norm,qknorm] [--log FILE]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,splitk,norm,qknorm] [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
@@ -330,33 +330,6 @@ def check_split_k(g, small):
         f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN = saved
 
 
-def check_moe_swap(g, small):
-    """The MoE experts with the weights as the dot's A operand (SWAP_AB), over its tile widths
-    and with K split: against the reference, CUDA graph replay, batch invariance."""
-    import importlib
-    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
-    saved = (me.SWAP_AB, me.BLOCK_N_GATED, me.BLOCK_N_DOWN, me.SPLIT_K_GATED, me.SPLIT_K_DOWN)
-    E, H, I_, Is, k, Ms = ((8, 512, 96, 160, 2, (1, 3, 33, 70)) if small else
-                           (256, 2560, 768, 768, 6, (1, 3, 16, 64, 70)))
-    wts = T.moe_weights(E, H, I_, Is, g, device=DEV)
-    try:
-        for bng, bnd, sg in ((32, 64, 1), (64, 64, 1), (64, 128, 1), (128, 128, 1), (64, 64, 2)):
-            me.SWAP_AB, me.BLOCK_N_GATED, me.BLOCK_N_DOWN, me.SPLIT_K_GATED = True, bng, bnd, sg
-            tag = f"moe SWAP_AB BLOCK_N={bng},{bnd} SPLIT_K={sg},1"
-            for M in Ms:
-                x = T.randn((M, H), g, device=DEV)
-                out = moe_forward(x, *wts, top_k=k)
-                e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
-                run = lambda: moe_forward(x, *wts, top_k=k)  # noqa: E731
-                msg = f"rel={e:.2e} " + check_graph(tag, run, out)
-                record(f"{tag} E={E} H={H} I={I_} top{k} M={M}", e < TOL["moe"], msg)
-            x = T.randn((64, H), g, device=DEV)
-            check_gemv_invariance(tag, lambda xx: moe_forward(xx, *wts, top_k=k), x)
-    finally:
-        (me.SWAP_AB, me.BLOCK_N_GATED, me.BLOCK_N_DOWN, me.SPLIT_K_GATED,
-         me.SPLIT_K_DOWN) = saved
-
-
 # ---------------------------------------------------------------- norms
 def flip_frac(a, b):
     return (a != b).float().mean().item() if a.numel() else 0.0
@@ -431,7 +404,6 @@ SECTIONS = {
     "nvfp4": check_nvfp4,
     "fp8gemv": check_fp8gemv,
     "moe": check_moe,
-    "moeswap": check_moe_swap,
     "splitk": check_split_k,
     "norm": check_norm,
     "qknorm": check_qk_norm_rope,

@@ -11,8 +11,7 @@
 #   PART=c bash bench/gpu_session.sh   the split-K sweeps of fp8_gemv and the MoE expert GEMM
 #       (bench/plugins.py; picks SPLIT_K per layer shape; ~5-8 min, mostly compilation).
 #                                                               carry: nothing
-#   PART=d bash bench/gpu_session.sh   the MoE expert GEMM with the weights as the dot's A operand
-#       (SWAP_AB): checks over tile widths, then the operand order x tiles sweep (~8 min).
+#   PART=d bash bench/gpu_session.sh   the MoE expert GEMM's tile widths x launch config (~2 min).
 #                                                               carry: nothing
 #   PART=b bash bench/gpu_session.sh   speed (~6 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode, a host/device profile.
@@ -65,7 +64,6 @@ case "${PART:-}" in
     step splitk_moe 280 python3 bench/plugins.py --only splitk_moe
     ;;
   d)
-    step moeswap 200 python3 bench/gpu_check.py --only moeswap
     step moe_tiles 330 python3 bench/plugins.py --only moe_tiles
     ;;
   b)

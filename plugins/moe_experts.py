@@ -27,10 +27,9 @@ from ._split_k import k_range, num_splits, sum_splits
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
 BLOCK_K = 256
-BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # H200 sweeps (plugins/NOTES.md, MoE tiles)
+BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # H200 sweeps (plugins/NOTES.md: MoE tiles)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
-SWAP_AB = False   # True: weights are the dot's A operand (acc [BLOCK_N, ROWS]; bench/plugins.py)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
 
@@ -66,72 +65,15 @@ def _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK: tl.constexpr, M_P: 
     return tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s, valid, count
 
 
-# Helpers branch on SWAP with if/else assignments: a constexpr `if` is resolved at compile time,
-# so each compiled variant sees one shape (two `return`s of different shapes would not compile).
-@jit
-def _acc(ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
-    """fp32 zeros [ROWS, BLOCK_N], or [BLOCK_N, ROWS] when SWAP."""
-    if SWAP:
-        z = tl.zeros([BLOCK_N, ROWS], tl.float32)
-    else:
-        z = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    return z
-
-
-@jit
-def _w_operand(w, SWAP: tl.constexpr, DOT_F32: tl.constexpr):
-    """e4m3 weight tile [BLOCK_N, BLOCK_K] -> the dot operand: itself (SWAP) or transposed."""
-    wc = w.to(tl.float32) if DOT_F32 else w.to(tl.bfloat16)
-    if SWAP:
-        op = wc
-    else:
-        op = tl.trans(wc)
-    return op
-
-
-@jit
-def _x_operand(a_ptr, arow, valid, kx, k_in, SWAP: tl.constexpr, DOT_F32: tl.constexpr):
-    """Input rows arow (ROWS) at columns kx (BLOCK_K): [BLOCK_K, ROWS] (SWAP) or [ROWS, BLOCK_K]."""
-    if SWAP:
-        xt = tl.load(a_ptr + arow[None, :] + kx[:, None],
-                     mask=valid[None, :] & (kx < k_in)[:, None], other=0.0)
-    else:
-        xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
-                     mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
-    return xt.to(tl.float32) if DOT_F32 else xt
-
-
-@jit
-def _mma(acc, xt, wt, SWAP: tl.constexpr):
-    """acc += x·wᵀ laid out [ROWS, BLOCK_N], or its transpose [BLOCK_N, ROWS] when SWAP."""
-    if SWAP:
-        acc = tl.dot(wt, xt, acc)
-    else:
-        acc = tl.dot(xt, wt, acc)
-    return acc
-
-
-@jit
-def _out_tile(rows, cols, rmask, cmask, SWAP: tl.constexpr):
-    """Offsets rows + cols and mask, in the accumulator's orientation."""
-    if SWAP:
-        off = rows[None, :] + cols[:, None]
-        mask = rmask[None, :] & cmask[:, None]
-    else:
-        off = rows[:, None] + cols[None, :]
-        mask = rmask[:, None] & cmask[None, :]
-    return off, mask
-
-
 @jit
 def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
-                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, SWAP: tl.constexpr = False):
+                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
     """SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
-    so_s); program_id(2) is the K range. SWAP: accumulators are [BLOCK_N, ROWS] (weights = A)."""
+    so_s); program_id(2) is the K range."""
     u = tl.program_id(0)
     is_shared = u == M * TOPK
     uu = tl.arange(0, U_P)
@@ -150,14 +92,14 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
             wb = w_ptr + e.to(tl.int64) * rows_w * k_in
             scale = tl.load(ws_ptr + e)
         nmask = n < n_out
-        g0 = _acc(ROWS, BLOCK_N, SWAP)
-        g1 = _acc(ROWS, BLOCK_N, SWAP)
-        g2 = _acc(ROWS, BLOCK_N, SWAP)
-        g3 = _acc(ROWS, BLOCK_N, SWAP)
-        u0 = _acc(ROWS, BLOCK_N, SWAP)
-        u1 = _acc(ROWS, BLOCK_N, SWAP)
-        u2 = _acc(ROWS, BLOCK_N, SWAP)
-        u3 = _acc(ROWS, BLOCK_N, SWAP)
+        g0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        g1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        g2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        g3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        u3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
         r0, v0, count = _tile_src(ids_ptr, e, M, 0, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
         r1, v1, _c = _tile_src(ids_ptr, e, M, 1, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
         r2, v2, _c = _tile_src(ids_ptr, e, M, 2, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
@@ -170,41 +112,45 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
         for k0 in range(k_lo, k_hi, BLOCK_K):
             kx = k0 + tl.arange(0, BLOCK_K)
             wm = nmask[:, None] & (kx < k_in)[None, :]
-            wg = _w_operand(tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm,
-                                    other=0.0), SWAP, DOT_F32)
+            wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
+            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else wg.to(tl.bfloat16))
             if GATED:
-                wu = _w_operand(tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :],
-                                        mask=wm, other=0.0), SWAP, DOT_F32)
+                wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm,
+                             other=0.0)
+                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else wu.to(tl.bfloat16))
             for t in tl.static_range(MT):
                 if count > t * ROWS:
                     arow = r0 if t == 0 else (r1 if t == 1 else (r2 if t == 2 else r3))
                     valid = v0 if t == 0 else (v1 if t == 1 else (v2 if t == 2 else v3))
-                    xt = _x_operand(a_ptr, arow, valid, kx, k_in, SWAP, DOT_F32)
+                    xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
+                                 mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
+                    if DOT_F32:
+                        xt = xt.to(tl.float32)
                     if t == 0:
-                        g0 = _mma(g0, xt, wg, SWAP)
+                        g0 = tl.dot(xt, wg, g0)
                         if GATED:
-                            u0 = _mma(u0, xt, wu, SWAP)
+                            u0 = tl.dot(xt, wu, u0)
                     elif t == 1:
-                        g1 = _mma(g1, xt, wg, SWAP)
+                        g1 = tl.dot(xt, wg, g1)
                         if GATED:
-                            u1 = _mma(u1, xt, wu, SWAP)
+                            u1 = tl.dot(xt, wu, u1)
                     elif t == 2:
-                        g2 = _mma(g2, xt, wg, SWAP)
+                        g2 = tl.dot(xt, wg, g2)
                         if GATED:
-                            u2 = _mma(u2, xt, wu, SWAP)
+                            u2 = tl.dot(xt, wu, u2)
                     else:
-                        g3 = _mma(g3, xt, wg, SWAP)
+                        g3 = tl.dot(xt, wg, g3)
                         if GATED:
-                            u3 = _mma(u3, xt, wu, SWAP)
+                            u3 = tl.dot(xt, wu, u3)
         for t in tl.static_range(MT):
             if count > t * ROWS:
                 tok, tslot, valid, _c = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
                                                    ROWS)
                 g = g0 if t == 0 else (g1 if t == 1 else (g2 if t == 2 else g3))
                 orow = (tok.to(tl.int64) * (TOPK + 1) + tslot) * so_s
-                ooff, omask = _out_tile(orow, n, valid, nmask, SWAP)
+                omask = valid[:, None] & nmask[None, :]
                 if SPLIT > 1:  # unscaled partials of K range program_id(2)
-                    pb = o_ptr + tl.program_id(2).to(tl.int64) * sp_s + ooff
+                    pb = o_ptr + tl.program_id(2).to(tl.int64) * sp_s + orow[:, None] + n[None, :]
                     tl.store(pb, g, mask=omask)
                     if GATED:
                         up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
@@ -213,9 +159,9 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                     up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
                     gs = g * scale
                     h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
-                    tl.store(o_ptr + ooff, h.to(tl.bfloat16), mask=omask)
+                    tl.store(o_ptr + orow[:, None] + n[None, :], h.to(tl.bfloat16), mask=omask)
                 else:
-                    tl.store(o_ptr + ooff, g * scale, mask=omask)
+                    tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
 
 
 @jit
@@ -274,8 +220,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
-                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, SWAP=SWAP_AB,
-                interpret=interpret, **TUNE)
+                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
                a.stride(0), sa_s, out.stride(1), 0, 0, **meta)
