@@ -85,6 +85,41 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _mix32_int(x: int) -> int:
+    """:func:`_mix32` on one Python int in [0, 2**32) (the same bits)."""
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
+    x = ((x ^ (x >> 15)) * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def row_key(seed: int, position: int) -> int:
+    """The 32-bit key of (64-bit seed, output position): the per-row part of :func:`gumbel_noise`,
+    computed on the host (seed as an unsigned or signed 64-bit pattern; position >= 0)."""
+    key = _mix32_int((seed & _M32) ^ 0x9E3779B9)
+    key = _mix32_int(key ^ ((seed >> 32) & _M32))
+    return _mix32_int(key ^ (position & _M32))
+
+
+_VOCAB_TERM: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """_mul32(token id, 0x9E3779B1) for every id: int64 [V], made once per (V, device)."""
+    k = (vocab_size, str(device))
+    if k not in _VOCAB_TERM:
+        v = torch.arange(vocab_size, device=device, dtype=torch.long)
+        _VOCAB_TERM[k] = _mul32(v, 0x9E3779B1)
+    return _VOCAB_TERM[k]
+
+
+def gumbel_noise_keyed(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise for rows with keys int64 [N] (:func:`row_key`): fp32 [N, V]."""
+    bits = _mix32(_vocab_term(vocab_size, keys.device)[None, :] ^ keys[:, None])
+    bits = _mix32(bits ^ 0x5BD1E995)
+    u = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1), exact in fp32
+    return -torch.log(-torch.log(u))
+
+
 def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Standard Gumbel noise keyed by (seed, output position, token id).
 
@@ -96,11 +131,7 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     key = _mix32((s & _M32) ^ 0x9E3779B9)
     key = _mix32(key ^ ((s >> 32) & _M32))
     key = _mix32(key ^ (positions.long() & _M32))
-    v = torch.arange(vocab_size, device=seeds.device, dtype=torch.long)
-    bits = _mix32(_mul32(v[None, :], 0x9E3779B1) ^ key[:, None])
-    bits = _mix32(bits ^ 0x5BD1E995)
-    u = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1), exact in fp32
-    return -torch.log(-torch.log(u))
+    return gumbel_noise_keyed(key, vocab_size)
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -121,31 +152,38 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return logits.masked_fill(drop_orig, float("-inf"))
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.Tensor
-           ) -> torch.Tensor:
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           positions: torch.Tensor | list[int]) -> torch.Tensor:
     """Choose one token per row.
 
-    logits: fp32 [N, V]; params: N SamplingParams; positions: int64 [N], each row's output
-    position n (0 = the first generated token). Returns int64 [N]. Greedy rows take argmax
-    (ties to the lower id); sampled rows take argmax(filter(logits / T) + gumbel(seed, n)).
+    logits: fp32 [N, V]; params: N SamplingParams; positions: each row's output position n
+    (0 = the first generated token), a list of ints or an int64 tensor [N]. Returns int64 [N].
+    Greedy rows take argmax (ties to the lower id); sampled rows take
+    argmax(filter(logits / T) + gumbel(seed, n)). Sampled rows cost one host-to-device upload
+    (keys and per-row options together); the top-k / top-p filter (a sort) runs only when some
+    row asks for it.
     """
     logits = logits.float()
     out = torch.argmax(logits, dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        idx = torch.tensor(rows, device=logits.device)
-        sel = [params[i] for i in rows]
-        temp = torch.tensor([p.temperature for p in sel], device=logits.device)
-        scaled = logits[idx] / temp[:, None]
-        scaled = filter_logits(
-            scaled, torch.tensor([p.top_k for p in sel], device=logits.device),
-            torch.tensor([p.top_p for p in sel], device=logits.device, dtype=torch.float32))
-        seeds = torch.tensor([_as_int64(p.resolved_seed) for p in sel], device=logits.device)
-        noise = gumbel_noise(seeds, positions[idx], logits.shape[-1])
-        out[idx] = torch.argmax(scaled + noise, dim=-1)
+    if not rows:
+        return out
+    pos = positions.tolist() if isinstance(positions, torch.Tensor) else list(positions)
+    sel = [params[i] for i in rows]
+    n = len(rows)
+    ints = torch.tensor([row_key(p.resolved_seed, pos[i]) for i, p in zip(rows, sel)]
+                        + [p.top_k for p in sel] + rows, dtype=torch.long)
+    floats = torch.tensor([p.temperature for p in sel] + [p.top_p for p in sel],
+                          dtype=torch.float64)
+    packed = torch.cat([ints, floats.view(torch.long)]).to(logits.device)
+    keys, top_k, idx, fl = packed[:n], packed[n:2 * n], packed[2 * n:3 * n], packed[3 * n:]
+    fl = fl.view(torch.float64).float()
+    temp, top_p = fl[:n], fl[n:]
+    scaled = (logits if n == logits.shape[0] else logits[idx]) / temp[:, None]
+    if any(p.top_k > 0 or p.top_p < 1 for p in sel):
+        scaled = filter_logits(scaled, top_k, top_p)
+    chosen = torch.argmax(scaled + gumbel_noise_keyed(keys, logits.shape[-1]), dim=-1)
+    if n == logits.shape[0]:
+        return chosen
+    out[idx] = chosen
     return out
-
-
-def _as_int64(seed: int) -> int:
-    """The 64-bit seed's bit pattern as a signed int64."""
-    return seed - 2**64 if seed >= 2**63 else seed

@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from kolibri_trt.sampling import SamplingParams, filter_logits, gumbel_noise, sample
+from kolibri_trt.sampling import (
+    SamplingParams,
+    filter_logits,
+    gumbel_noise,
+    gumbel_noise_keyed,
+    row_key,
+    sample,
+)
 
 
 def test_noise_is_keyed_by_seed_and_position_only():
@@ -71,3 +78,38 @@ def test_seed_none_draws_a_seed_and_stop_string_becomes_tuple():
     p = SamplingParams(temperature=1.0, stop="###")
     assert p.stop == ("###",) and 0 <= p.resolved_seed < 2 ** 64
     assert SamplingParams(seed=2 ** 64 - 1).resolved_seed == 2 ** 64 - 1
+
+
+def test_host_row_keys_match_the_device_key_path():
+    """row_key (host ints) gives the key gumbel_noise derives on the device: same noise bits."""
+    seeds = [0, 1, 7, 2 ** 63, 2 ** 64 - 1, 0x1234_5678_9ABC_DEF0]
+    pos = [0, 3, 2 ** 31, 5, 2 ** 32 + 1, 12345]
+    signed = torch.tensor([s - 2 ** 64 if s >= 2 ** 63 else s for s in seeds])
+    keys = torch.tensor([row_key(s, n) for s, n in zip(seeds, pos)])
+    assert torch.equal(gumbel_noise_keyed(keys, 777), gumbel_noise(signed, torch.tensor(pos), 777))
+
+
+@pytest.mark.parametrize("greedy_rows", [(), (1,)])
+def test_sample_is_argmax_of_filtered_logits_plus_keyed_noise(greedy_rows):
+    """The packed, filter-skipping fast path equals the definition, row by row and bit for bit."""
+    torch.manual_seed(1)
+    logits = torch.randn(4, 500) * 3
+    params = [SamplingParams(temperature=0.8, seed=5), SamplingParams(temperature=1.3, seed=2 ** 64 - 3),
+              SamplingParams(temperature=0.7, seed=9, top_k=40), SamplingParams(temperature=0.5, seed=1, top_p=0.9)]
+    params = [SamplingParams() if i in greedy_rows else p for i, p in enumerate(params)]
+    pos = [0, 17, 3, 2 ** 33]
+    got = sample(logits, params, pos)
+    assert torch.equal(got, sample(logits, params, torch.tensor(pos)))
+    for i, p in enumerate(params):
+        if p.greedy:
+            assert got[i] == logits[i].argmax()
+            continue
+        t = torch.tensor([p.temperature], dtype=torch.float32)
+        row = filter_logits(logits[i:i + 1] / t[:, None], torch.tensor([p.top_k]),
+                            torch.tensor([p.top_p], dtype=torch.float32))
+        seed = torch.tensor([p.resolved_seed - 2 ** 64 if p.resolved_seed >= 2 ** 63 else p.resolved_seed])
+        want = torch.argmax(row + gumbel_noise(seed, torch.tensor([pos[i]]), 500), dim=-1)
+        assert got[i] == want[0]
+    unfiltered = [SamplingParams(temperature=0.9, seed=s) for s in range(4)]   # no sort needed
+    assert torch.equal(sample(logits, unfiltered, pos), torch.stack(
+        [sample(logits[i:i + 1], [unfiltered[i]], pos[i:i + 1])[0] for i in range(4)]))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from kolibri_trt import LLM, SamplingParams
-from kolibri_trt.spec.copy_proposer import CopyIndex
-from kolibri_trt.spec.verify import rejection_sample, verify
-
 from runtime_engines import small_drafter, small_target, write_engine
 from test_runtime import PROMPTS
+
+from kolibri_trt import LLM, SamplingParams
+from kolibri_trt.sampling import sample
+from kolibri_trt.spec.copy_proposer import CopyIndex
+from kolibri_trt.spec.verify import rejection_sample, verify, verify_batch
 
 MODES = ["copy", "drafter", "copy+drafter"]
 
@@ -176,6 +176,31 @@ def test_verify_is_a_pure_function_of_logits():
     assert v.tokens == own[:2] and v.num_accepted == 1
     with pytest.raises(ValueError, match="logits"):
         verify(logits, own[:2], g, 0)
+
+
+def test_verify_batch_equals_one_call_per_stream():
+    """Streams verified together (one sampling call) get the verdicts of separate calls."""
+    torch.manual_seed(3)
+    params = [SamplingParams(max_tokens=4), SamplingParams(temperature=0.8, seed=11),
+              SamplingParams(temperature=1.2, seed=2, top_k=5), SamplingParams(max_tokens=9)]
+    ks, firsts = [3, 0, 2, 1], [0, 7, 2, 40]
+    logits = torch.randn(sum(k + 1 for k in ks), 50)
+    drafts, r = [], 0
+    for i, k in enumerate(ks):   # drafts: the first one right, then (stream 0) right or wrong
+        own = sample(logits[r:r + k + 1], [params[i]] * (k + 1),
+                     list(range(firsts[i], firsts[i] + k + 1))).tolist()
+        drafts.append((own[:1] + [(t + i) % 50 for t in own[1:k]])[:k])
+        r += k + 1
+    single, r = [], 0
+    for d, p, n in zip(drafts, params, firsts):
+        single.append(verify(logits[r:r + len(d) + 1], d, p, n))
+        r += len(d) + 1
+    assert verify_batch(logits, drafts, params, firsts) == single
+    assert [v.num_accepted for v in single] == [3, 0, 1, 1]
+    with pytest.raises(ValueError, match="logits"):
+        verify_batch(logits[1:], drafts, params, firsts)
+    with pytest.raises(ValueError, match="lengths"):
+        verify_batch(logits, drafts, params[:3], firsts)
 
 
 def test_copy_index_cases():

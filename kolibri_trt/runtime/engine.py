@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-
 from ..engine_format import TARGET_DIR
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
@@ -22,7 +21,7 @@ from ..spec.metrics import SpecMetrics
 from ..spec.plugin_drafter_proposer import PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
 from ..spec.speculator import Speculator
-from ..spec.verify import rejection_sample, target_probs, verify
+from ..spec.verify import Verdict, rejection_sample, target_probs, verify_batch
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
 from .cuda_graphs import PluginRunner
@@ -255,17 +254,17 @@ class LLMEngine:
         g = self.cache.geometry
         meta = build_metadata(scheduled, g.block_size, g.ring_blocks, extra)
         logits, taps = self.runner.forward(meta, self.tap_layers)
-        outputs, row = [], 0
-        for s, item in enumerate(scheduled):
+        verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra)
+        outputs = []
+        firsts = itertools.accumulate(meta.q_lens, initial=0)
+        for item, first in zip(scheduled, firsts):
             seq, rid = item.seq, item.seq.request_id
             seq.num_computed += item.num_tokens
-            first = int(meta.cu_q_lens[s])
             if not item.samples:
                 self._observe(seq, item.start, taps, first, item.num_tokens, [])
                 continue
             d, sources = extra.get(rid, []), drafts.get(rid, ([], []))[1]
-            verdict = self._verify(seq, logits[row:row + 1 + len(d)], d)
-            row += 1 + len(d)
+            verdict = verdicts[rid]
             step = self._commit(seq, verdict.tokens)
             self._record(step, sources[:len(d)], verdict.num_accepted)
             if not step.output.finished:
@@ -275,21 +274,39 @@ class LLMEngine:
             outputs.append(step)
         return outputs
 
-    def _verify(self, seq: Sequence, logits: torch.Tensor, drafts: list[int]):
-        """Verification of one stream's drafts (`spec/verify.py`). With acceptance_method
-        "rejection_sampler" and temperature > 0, drafts are accepted by speculative sampling;
+    def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
+                    extra: dict[str, list[int]]) -> dict[str, Verdict]:
+        """Verification of every sampling stream's drafts (`spec/verify.py`); logits hold
+        1 + k rows per stream of `seqs`, in order. Position-keyed streams are verified together
+        (`verify_batch`: one sampling call, one copy to the host). With acceptance_method
+        "rejection_sampler" and temperature > 0, drafts are accepted by speculative sampling:
         both proposers draft deterministically (copy, drafter argmax), so q is one-hot and a
-        draft x is kept with probability p(x). Randomness: a per-request generator seeded
+        draft x is kept with probability p(x); randomness from a per-request generator seeded
         with the request's seed (reproducible, independent of batching)."""
-        if (self.args.acceptance_method == "position-keyed" or not drafts
-                or seq.params.temperature == 0):
-            return verify(logits, drafts, seq.params, len(seq.output_token_ids))
-        if seq.generator is None:
-            seq.generator = torch.Generator().manual_seed(seq.params.resolved_seed)
-        p = target_probs(logits, seq.params).cpu()
-        q = torch.zeros(len(drafts), p.shape[1])
-        q[torch.arange(len(drafts)), torch.tensor(drafts)] = 1.0
-        return rejection_sample(p, q, drafts, seq.generator)
+        keyed, spans, out, row = [], [], {}, 0
+        for seq in seqs:
+            d = extra.get(seq.request_id, [])
+            span = (row, row + 1 + len(d))
+            row = span[1]
+            if (self.args.acceptance_method == "position-keyed" or not d
+                    or seq.params.temperature == 0):
+                keyed.append(seq)
+                spans.append(span)
+                continue
+            if seq.generator is None:
+                seq.generator = torch.Generator().manual_seed(seq.params.resolved_seed)
+            p = target_probs(logits[span[0]:span[1]], seq.params).cpu()
+            q = torch.zeros(len(d), p.shape[1])
+            q[torch.arange(len(d)), torch.tensor(d)] = 1.0
+            out[seq.request_id] = rejection_sample(p, q, d, seq.generator)
+        if keyed:
+            rows = logits if len(keyed) == len(seqs) else torch.cat(
+                [logits[a:b] for a, b in spans])
+            found = verify_batch(rows, [extra.get(q.request_id, []) for q in keyed],
+                                 [q.params for q in keyed],
+                                 [len(q.output_token_ids) for q in keyed])
+            out.update((q.request_id, v) for q, v in zip(keyed, found))
+        return out
 
     def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
         """Drafts for every running stream that is past its prefill (one batched round)."""

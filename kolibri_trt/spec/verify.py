@@ -31,21 +31,45 @@ class Verdict:
 
 def verify(logits: torch.Tensor, drafts: list[int], params: SamplingParams,
            first_position: int) -> Verdict:
-    """Accept drafts while they equal the target's own choice.
+    """Accept drafts while they equal the target's own choice (one stream).
 
     logits: fp32 [1 + k, V], row i = the target's logits after the newest token and the
     first i drafts; drafts: k draft token ids; first_position: output position n of the token
     that row 0 chooses (the sampler's key). Raises ValueError on a shape mismatch.
     """
-    if logits.dim() != 2 or logits.shape[0] != len(drafts) + 1:
-        raise ValueError(f"logits: expected [{len(drafts) + 1}, V], got {tuple(logits.shape)}")
-    positions = torch.arange(first_position, first_position + len(drafts) + 1,
-                             device=logits.device)
-    own = sample(logits, [params] * (len(drafts) + 1), positions).tolist()
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == own[accepted]:
-        accepted += 1
-    return Verdict(own[: accepted + 1], accepted)
+    return verify_batch(logits, [drafts], [params], [first_position])[0]
+
+
+def verify_batch(logits: torch.Tensor, drafts: list[list[int]], params: list[SamplingParams],
+                 first_positions: list[int]) -> list[Verdict]:
+    """:func:`verify` for S streams at once: one sampling call over every row, one copy of the
+    chosen tokens to the host.
+
+    logits: fp32 [sum_s (1 + k_s), V], stream s's rows consecutive, streams in order;
+    drafts[s]: k_s draft ids; params[s], first_positions[s]: as in :func:`verify`.
+    Returns one Verdict per stream. Each row's choice depends only on its own logits, its
+    stream's params and its position (`sampling.sample`), so the verdicts equal S single calls.
+    Raises ValueError when the row count or the list lengths do not match.
+    """
+    if not len(drafts) == len(params) == len(first_positions):
+        raise ValueError(f"drafts, params, first_positions: lengths {len(drafts)}, "
+                         f"{len(params)}, {len(first_positions)} differ")
+    rows = sum(len(d) + 1 for d in drafts)
+    if logits.dim() != 2 or logits.shape[0] != rows:
+        raise ValueError(f"logits: expected [{rows}, V], got {tuple(logits.shape)}")
+    row_params, positions = [], []
+    for d, p, n in zip(drafts, params, first_positions):
+        row_params += [p] * (len(d) + 1)
+        positions += range(n, n + len(d) + 1)
+    own = sample(logits, row_params, positions).tolist()
+    out, r = [], 0
+    for d in drafts:
+        accepted = 0
+        while accepted < len(d) and d[accepted] == own[r + accepted]:
+            accepted += 1
+        out.append(Verdict(own[r:r + accepted + 1], accepted))
+        r += len(d) + 1
+    return out
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
