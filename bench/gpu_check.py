@@ -3,7 +3,7 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,splitk,norm,qknorm] [--log FILE]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,moecompact,splitk,norm,qknorm,gumbel] [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
@@ -35,6 +35,9 @@ from kolibri_trt_plugins import testing as T  # noqa: E402
 from kolibri_trt_plugins.add_rms_norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv, fp8_gemv_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention, fp8_paged_attention_ref  # noqa: E402
+from kolibri_trt_plugins.gumbel_argmax import (gumbel_argmax, gumbel_argmax_ref,  # noqa: E402
+                                               gumbel_bits_ref, gumbel_noise_debug,
+                                               gumbel_noise_ref)
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention, int4_paged_attention_ref  # noqa: E402
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref  # noqa: E402
@@ -52,6 +55,7 @@ TOL = {  # relative error vs the fp32 reference
 }
 CODE_FLIP_FRAC = 1e-3  # INT4 codes may differ by one step at rounding boundaries (fp32 order)
 NORM_FLIP_FRAC = 2e-2  # norm outputs may move by one bf16 ulp at rounding boundaries (sum order)
+GUMBEL_FLIP_FRAC = 0.0  # sampled ids: IEEE div as torch; tl.log is libdevice logf (FTZ build)
 
 RESULTS: list[tuple[str, bool, str]] = []
 DEV = "cuda"
@@ -330,6 +334,44 @@ def check_split_k(g, small):
         f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN = saved
 
 
+def check_moe_compact(g, small):
+    """The MoE experts walking the work list (moe_experts.COMPACT_UNITS; plugins/moe_units.py):
+    the list against its reference, the output bit-identical to the per-unit launch, against
+    the reference, CUDA graph replay, batch invariance; 1, 64 and 128 programs, split-K too."""
+    import importlib
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    from kolibri_trt_plugins.moe_units import moe_units, moe_units_ref
+    for M, k, E in ((1, 6, 256), (16, 6, 256), (64, 6, 256), (64, 6, 8), (33, 5, 300)):
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).int().to(DEV)
+        units, count = moe_units(ids)
+        want, n = moe_units_ref(ids.cpu())
+        ok = int(count[0]) == n and torch.equal(units[:n].cpu(), want)
+        record(f"moe_units M={M} k={k} E={E}", ok, f"count={int(count[0])} want {n}")
+    saved = (me.COMPACT_UNITS, me.UNIT_PROGRAMS, me.SPLIT_K_GATED)
+    E, H, I_, Is, k, Ms = ((8, 512, 96, 160, 2, (1, 3, 33, 70)) if small else
+                           (256, 2560, 768, 768, 6, (1, 3, 16, 64, 70)))
+    wts = T.moe_weights(E, H, I_, Is, g, device=DEV)
+    try:
+        for programs, sg in ((64, 1), (1, 1), (128, 1), (64, 2)):
+            tag = f"moe COMPACT_UNITS programs={programs} SPLIT_K={sg},1"
+            for M in Ms:
+                x = T.randn((M, H), g, device=DEV)
+                me.COMPACT_UNITS, me.SPLIT_K_GATED = False, sg
+                per_unit = moe_forward(x, *wts, top_k=k)
+                me.COMPACT_UNITS, me.UNIT_PROGRAMS = True, programs
+                out = moe_forward(x, *wts, top_k=k)
+                e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
+                run = lambda: moe_forward(x, *wts, top_k=k)  # noqa: E731
+                msg = f"rel={e:.2e} same bits as per-unit: {torch.equal(out, per_unit)} "
+                msg += check_graph(tag, run, out)
+                record(f"{tag} E={E} H={H} I={I_} top{k} M={M}",
+                       e < TOL["moe"] and torch.equal(out, per_unit), msg)
+            x = T.randn((64, H), g, device=DEV)
+            check_gemv_invariance(tag, lambda xx: moe_forward(xx, *wts, top_k=k), x)
+    finally:
+        me.COMPACT_UNITS, me.UNIT_PROGRAMS, me.SPLIT_K_GATED = saved
+
+
 # ---------------------------------------------------------------- norms
 def flip_frac(a, b):
     return (a != b).float().mean().item() if a.numel() else 0.0
@@ -396,6 +438,43 @@ def check_qk_norm_rope(g, small):
     record("qk_norm_rope batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
 
 
+# ---------------------------------------------------------------- sampling
+def gumbel_case(N, V, g):
+    logits = T.randn((N, V + 3), g, dtype=torch.float32, device=DEV, scale=3.0)[:, :V]
+    temp = (torch.rand(N, generator=g) * 1.5 + 0.1).to(DEV)
+    return logits, temp, torch.randint(0, 2**32, (N,), generator=g).to(DEV)
+
+
+def check_gumbel(g, small):
+    """gumbel_argmax vs gumbel_argmax_ref (sampled ids; on CUDA also the kernel's hash bits and
+    noise from its debug kernel), eager and CUDA graph, row alone vs in a batch."""
+    sizes = ([(1, 7), (3, 1000), (33, 300)] if small else
+             [(1, 7), (3, 1000), (33, 16384), (1, 131072), (64, 131072), (511, 4096)])
+    for N, V in sizes:
+        name = f"gumbel_argmax N={N} V={V}"
+        logits, temp, keys = gumbel_case(N, V, g)
+        out = gumbel_argmax(logits, temp, keys)
+        f = flip_frac(out, gumbel_argmax_ref(logits, temp, keys))
+        msg = f"flips={f:.1e} " + check_graph(name, lambda: gumbel_argmax(logits, temp, keys), out)
+        record(name, f <= GUMBEL_FLIP_FRAC, msg)
+    if DEV == "cuda":
+        V = 131072
+        keys = torch.tensor([0, 1, 222, 2**32 - 1], device=DEV)
+        bits, noise = gumbel_noise_debug(keys, V)
+        ref = gumbel_noise_ref(keys, V)
+        fin = torch.isfinite(ref)   # key 222 has a +inf at token 94626 (u rounds to 1.0)
+        nd = int((noise != ref).sum())
+        dmax = float((noise[fin].double() - ref[fin].double()).abs().max())
+        ok = torch.equal(bits, gumbel_bits_ref(keys, V))
+        record(f"gumbel hash bits V={V}", ok, f"bits exact={ok}; noise differs at {nd} of "
+               f"{noise.numel()} (max abs {dmax:.2e})")
+    logits, temp, keys = gumbel_case(16, 1000 if small else 131072, g)
+    full = gumbel_argmax(logits, temp, keys)
+    ok = all(torch.equal(gumbel_argmax(logits[s], temp[s], keys[s]), full[s])
+             for s in (slice(0, 1), slice(7, 8), slice(15, 16), slice(0, 3)))
+    record("gumbel_argmax batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
+
+
 SECTIONS = {
     "fold": lambda g, small: check_fold(g),
     "int4": lambda g, small: check_attention("int4", g, small),
@@ -404,9 +483,11 @@ SECTIONS = {
     "nvfp4": check_nvfp4,
     "fp8gemv": check_fp8gemv,
     "moe": check_moe,
+    "moecompact": check_moe_compact,
     "splitk": check_split_k,
     "norm": check_norm,
     "qknorm": check_qk_norm_rope,
+    "gumbel": check_gumbel,
 }
 
 

@@ -11,7 +11,9 @@
 #   PART=c bash bench/gpu_session.sh   the split-K sweeps of fp8_gemv and the MoE expert GEMM
 #       (bench/plugins.py; picks SPLIT_K per layer shape; ~5-8 min, mostly compilation).
 #                                                               carry: nothing
-#   PART=d bash bench/gpu_session.sh   the MoE expert GEMM's tile widths x launch config (~2 min).
+#   PART=d bash bench/gpu_session.sh   the MoE work list (COMPACT_UNITS) and the fused Gumbel-max
+#       sampler checked (graphs, batch invariance), then the MoE work list x tile widths sweep
+#       (~4 min).
 #                                                               carry: nothing
 #   PART=b bash bench/gpu_session.sh   speed (~6 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode, a host/device profile.
@@ -64,6 +66,7 @@ case "${PART:-}" in
     step splitk_moe 280 python3 bench/plugins.py --only splitk_moe
     ;;
   d)
+    step compact_gumbel 200 python3 bench/gpu_check.py --only moecompact,gumbel
     step moe_tiles 330 python3 bench/plugins.py --only moe_tiles
     ;;
   b)

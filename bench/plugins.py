@@ -5,7 +5,7 @@ and run the INT4-key error study. One call:
     python3 bench/plugins.py [--only attn,gemv,moe,fold,study] [--quick] [--csv FILE]
     python3 bench/plugins.py --only splitk [--quick]   # fp8 GEMV + MoE tiling/split-K sweeps only
                                                        # (or splitk_gemv / splitk_moe: one each)
-    python3 bench/plugins.py --only moe_tiles [--quick] # MoE tile widths x launch config
+    python3 bench/plugins.py --only moe_tiles [--quick] # MoE work list x tile widths
 
 Timing: each measured call is captured (with R copies on R different input sets, so that the L2
 cache cannot serve the weights / KV) in one CUDA graph; the graph is replayed ITERS times between
@@ -376,15 +376,17 @@ def moe_bytes(xs, router, E=256, H=2560, inter=768, k=6):
 
 
 def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
-    """moe_experts tile widths x launch config, K unsplit; TILES lines: best per BLOCK_N_DOWN,
-    one line per M (a tile width must be one value per layer shape: read them across M)."""
+    """moe_experts work list (COMPACT_UNITS, UNIT_PROGRAMS) x tile widths, K unsplit; summary
+    lines: best per BLOCK_N_DOWN and per COMPACT_UNITS, one line per M (a tile width must be one
+    value per layer shape: read them across M; the work list changes no value)."""
     import importlib
     me = importlib.import_module("kolibri_trt_plugins.moe_experts")
-    grid = (dict(BLOCK_N_GATED=[32, 64], BLOCK_N_DOWN=[64, 128], num_warps=[4], num_stages=[3])
-            if quick else
-            dict(BLOCK_N_GATED=[32, 64, 128], BLOCK_N_DOWN=[64, 128], num_warps=[4, 8],
-                 num_stages=[3]))
-    current = dict(BLOCK_N_GATED=me.BLOCK_N_GATED, BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
+    grid = (dict(COMPACT_UNITS=[False, True], UNIT_PROGRAMS=[64], BLOCK_N_GATED=[32, 64],
+                 BLOCK_N_DOWN=[128], num_warps=[4], num_stages=[3]) if quick else
+            dict(COMPACT_UNITS=[False, True], UNIT_PROGRAMS=[32, 64, 128], BLOCK_N_GATED=[32, 64],
+                 BLOCK_N_DOWN=[64, 128], num_warps=[4], num_stages=[3]))
+    current = dict(COMPACT_UNITS=me.COMPACT_UNITS, BLOCK_N_GATED=me.BLOCK_N_GATED,
+                   BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
     wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
            torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
            torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
@@ -396,6 +398,7 @@ def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
         res = sweep_one(label, me, grid, lambda: [lambda x=x: moe_forward(x, *wts, top_k=k)
                                                   for x in xs], moe_bytes(xs, wts[0], E, H, inter, k))
         split_summary(label, res, "BLOCK_N_DOWN", current)
+        split_summary(label, res, "COMPACT_UNITS", current)
 
 
 def bench_sweep(quick):

@@ -116,7 +116,8 @@ def gumbel_noise_keyed(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Standard Gumbel noise for rows with keys int64 [N] (:func:`row_key`): fp32 [N, V]."""
     bits = _mix32(_vocab_term(vocab_size, keys.device)[None, :] ^ keys[:, None])
     bits = _mix32(bits ^ 0x5BD1E995)
-    u = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1), exact in fp32
+    # 23 bits: b + 0.5 (b < 2**23) is exact in fp32, so u lies in [2**-24, 1 - 2**-24]: never 1.0
+    u = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(u))
 
 

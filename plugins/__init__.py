@@ -17,6 +17,7 @@ Ops (module: public function):
     moe: moe_forward                           routed FP8 experts + shared expert
     add_rms_norm: add_rms_norm                 residual add + RMSNorm (decoder norms, final norm)
     qk_norm_rope: qk_norm_rope                 per-head QK RMSNorm + RoPE (FP8-cache layers)
+    gumbel_argmax: gumbel_argmax               position-keyed Gumbel-max sampling, one id per row
 """
 
 from .add_rms_norm import add_rms_norm
@@ -24,6 +25,7 @@ from .attn_combine import attn_combine
 from .fp8_gemv import fp8_gemv
 from .fp8_kv_write import fp8_kv_write
 from .fp8_paged_attention import fp8_paged_attention
+from .gumbel_argmax import gumbel_argmax
 from .int4_paged_attention import int4_paged_attention
 from .moe import moe_forward
 from .moe_route import moe_route
@@ -33,6 +35,6 @@ from .qk_norm_rope import qk_norm_rope
 
 __all__ = [
     "add_rms_norm", "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
-    "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv", "qk_norm_fold_int4",
-    "qk_norm_rope", "fold_matrices", "hadamard_rotation",
+    "gumbel_argmax", "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv",
+    "qk_norm_fold_int4", "qk_norm_rope", "fold_matrices", "hadamard_rotation",
 ]

@@ -38,6 +38,8 @@ def op_cases():
         "rms_norm": (x, T.randn((64,), g), 1e-6),
         "qk_norm_rope": (T.randn((3, 4, 128), g), T.randn((3, 2, 128), g), T.randn((128,), g),
                          T.randn((128,), g), torch.randn(3, 128), torch.randn(3, 128), 1e-6, True),
+        "gumbel_argmax": (torch.randn(3, 70, generator=g), torch.rand(3, generator=g) + 0.5,
+                          torch.tensor([0, 222, 2**32 - 1])),
     }
 
 
