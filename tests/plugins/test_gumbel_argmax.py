@@ -6,11 +6,16 @@ the kernel, argument checks."""
 import numpy as np
 import pytest
 import torch
+from kolibri_trt_plugins import gumbel_argmax
+from kolibri_trt_plugins.gumbel_argmax import (
+    _launch,
+    gumbel_argmax_ref,
+    gumbel_bits_ref,
+    gumbel_noise_debug,
+    gumbel_noise_ref,
+)
 
 from kolibri_trt.sampling import gumbel_noise_keyed, row_key
-from kolibri_trt_plugins import gumbel_argmax
-from kolibri_trt_plugins.gumbel_argmax import (_launch, gumbel_argmax_ref, gumbel_bits_ref,
-                                               gumbel_noise_debug, gumbel_noise_ref)
 
 # Triton 3.6's interpreter takes fp32 log from numpy, which differs from torch.log on CPU (the
 # reference): measured over all 2**24 possible u, the inner log differs in 3.5M cases (numpy up

@@ -6,7 +6,6 @@ import importlib
 
 import pytest
 import torch
-
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
 from kolibri_trt_plugins.moe_units import moe_units, moe_units_ref
