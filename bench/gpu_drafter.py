@@ -21,15 +21,13 @@ ring rows) bucket, graphs vs eager, dense vs sdpa attention; one full `propose_b
 at the mini engine's drafter shape (checkpoints/kolibri-mini, random weights) with 1 and 8
 streams: wall ms, CUDA-event ms of the round, the device time of its graphs replayed back to
 back (wall - that = the host's share), `observe` ms per step, and the drafts readback (pinned
-copy + event vs `.tolist()`). Results: DIR/gpu_drafter.json.
+copy + event vs `.tolist()`). Results: DIR/gpu_drafter.json. The two timing steps (release,
+round) and the shared DEVICE / RESULTS are in gpu_drafter_timing.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,23 +37,22 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import standalone  # noqa: E402  (repository on sys.path; plugins/ by path)
+from drafter_rounds import compare, drive  # noqa: E402
+from gpu_drafter_timing import DEVICE, RESULTS, mini_round_timing, release_shape_timing  # noqa: E402
 
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
 from kolibri_trt.drafter import DrafterTarget  # noqa: E402
-from kolibri_trt.runtime.plugin_loader import load_plugin_drafter  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
 from kolibri_trt.runtime.engine_loader import Manifest, load_drafter, load_target  # noqa: E402
+from kolibri_trt.runtime.plugin_loader import load_plugin_drafter  # noqa: E402
 from kolibri_trt.spec.drafter_proposer import DrafterProposer  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
-from kolibri_trt.spec.plugin_drafter_proposer import (PluginDrafterProposer,  # noqa: E402
-                                                      install_plugin_drafter)
-
-from drafter_rounds import compare, drive  # noqa: E402
+from kolibri_trt.spec.plugin_drafter_proposer import (  # noqa: E402
+    PluginDrafterProposer,
+    install_plugin_drafter,
+)
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
-RESULTS: dict = {"checks": {}, "parity": {}, "timings": [], "release_shape": [],
-                 "mini_round": []}
-DEVICE = ["cuda"]
 LOGIT_TOL = 0.2     # as tests/test_plugin_drafter.py (CPU: 0.06-0.08 measured)
 TIE_TOL = 0.2
 MIN_AGREEMENT = 0.85
@@ -190,178 +187,6 @@ def lossless_and_speed(engine: Path, prompts, max_tokens: int, attns: list[str],
             RESULTS["timings"].append({k: v for k, v in r.items() if k != "token_ids"})
         check(f"streams={streams}: every mode and proposer == off", worst == 0,
               f"worst {worst} of {len(prompts)} requests differ")
-
-
-def random_release_drafter(device, attn: str = "dense", seed: int = 0, small: bool = False,
-                          cfg=None, vocab: int = 131072):
-    """A DrafterPlugin of the release config (`DrafterConfig()` defaults; or cfg) with random
-    weights, quantized here as the build does (block FP8 body, NVFP4 head); target vocab
-    `vocab`. small: hidden 256, 2 heads, draft vocab 2000 (the CPU dry run of this code)."""
-    from kolibri_trt.builder.quantize import quantize_block_fp8, quantize_nvfp4
-    from kolibri_trt.drafter import DrafterConfig, KolibriBlockDrafter
-    from kolibri_trt.drafter.plugin_drafter import DrafterPlugin
-    from kolibri_trt.engine_format import drafter_weight_group
-    cfg = cfg or DrafterConfig()
-    if small:
-        cfg = DrafterConfig(hidden_size=256, target_hidden_size=256, num_attention_heads=2,
-                            num_key_value_heads=2, intermediate_size=512, predecessor_rank=64,
-                            spine_rank=64, draft_vocab_size=2000)
-        vocab = 4000
-    g = torch.Generator(device=device).manual_seed(seed)
-    tensors = {}
-    for name, shape in KolibriBlockDrafter.expected_shapes(cfg).items():
-        if drafter_weight_group(name) == "body":
-            w = torch.randn(shape, generator=g, device=device) / shape[-1] ** 0.5
-            q, s = quantize_block_fp8(w)
-            tensors[name], tensors[name[:-len("weight")] + "weight_scale"] = q, s
-        elif name == "mask_embedding":
-            tensors[name] = torch.randn(shape, generator=g, device=device).to(torch.bfloat16)
-        else:
-            tensors[name] = (1 + 0.1 * torch.randn(shape, generator=g, device=device)
-                             ).to(torch.bfloat16)
-    head = torch.randn(cfg.draft_vocab_size, cfg.hidden_size, generator=g,
-                       device=device) / cfg.hidden_size ** 0.5
-    w, s, s2 = quantize_nvfp4(head)
-    tensors.update({"lm_head.weight": w, "lm_head.weight_scale": s, "lm_head.weight_scale_2": s2})
-    embed = torch.randn(vocab, cfg.hidden_size, generator=g, device=device).to(torch.bfloat16)
-    target = DrafterTarget(embed, torch.empty(vocab, cfg.hidden_size, device="meta"), 50)
-    draft_vocab = torch.randperm(vocab, generator=g, device=device)[:cfg.draft_vocab_size]
-    return DrafterPlugin.from_tensors(cfg, tensors, {"body": "block_fp8", "head": "nvfp4"},
-                                      target, draft_vocab.sort().values, attn=attn)
-
-
-def release_shape_timing(attns: list[str], iters: int) -> None:
-    """Round time of the release-shape drafter per (streams, anchor) with graphs and eager."""
-    from kolibri_trt.spec.drafter_runner import DrafterRunner
-    dev = DEVICE[0]
-    base = random_release_drafter(dev, small=dev == "cpu")
-    c = base.config
-    for attn in attns:
-        model = copy.copy(base)
-        model.attn = attn
-        for graphs in ((True, False) if dev != "cpu" else (False,)):
-            runner = DrafterRunner(model, 2, 16, use_graphs=graphs)
-            ring = runner.ring
-            for layer in range(c.num_hidden_layers):
-                ring.k[layer].normal_()
-                ring.v[layer].normal_()
-            for s in (1, 4, 16) if dev != "cpu" else (1, 4):
-                for anchor in (200, 2500):
-                    r = ring.size
-                    pos = torch.arange(anchor - c.context_window, anchor, device=dev)
-                    ring.pos.fill_(-1)
-                    ring.pos[:s, pos % r] = pos
-                    taps = torch.randn(s, c.num_taps, c.target_hidden_size, device=dev,
-                                       dtype=torch.bfloat16)
-                    args = ([taps], s, None, ([5] * s, list(range(s)), [anchor] * s,
-                                              list(range(s))))
-                    runner.step(*args)
-                    torch.cuda.synchronize() if dev != "cpu" else None
-                    n = iters if graphs else max(3, iters // 10)
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        d, _ = runner.step(*args)
-                        runner.read_drafts(d)
-                    ms = (time.perf_counter() - t0) / n * 1e3
-                    row = {"attn": attn, "graphs": graphs, "streams": s, "anchor": anchor,
-                           "ring_rows": runner.length_bucket(anchor), "ms_per_round": ms}
-                    RESULTS["release_shape"].append(row)
-                    print(f"  release shape: {attn:<5} {'graphs' if graphs else 'eager ':<6} "
-                          f"S={s:<3} anchor {anchor:<5} L={row['ring_rows']:<5} "
-                          f"{ms:7.3f} ms/round (depth 2)", flush=True)
-            del runner
-        torch.cuda.empty_cache() if dev != "cpu" else None
-
-
-def _ms(seconds: list[float]) -> float:
-    return round(statistics.median(seconds) * 1e3, 4)
-
-
-def _per_call_ms(fn, n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return round((time.perf_counter() - t0) / n * 1e3, 4)
-
-
-def _mini_drafter(dev):
-    """A DrafterPlugin of the mini engine's drafter config and target vocab, random weights."""
-    from kolibri_trt.drafter import DrafterConfig
-    mini = ROOT / "checkpoints" / "kolibri-mini"
-    vocab = json.loads((mini / "target" / "config.json").read_text())["vocab_size"]
-    return random_release_drafter(dev, cfg=DrafterConfig.from_json(mini / "drafter"), vocab=vocab)
-
-
-def _device_and_readback(runner, keys: list[tuple], streams: int, iters: int, ev) -> dict:
-    """The round's graphs (keys: commit, round) replayed back to back: device ms per round;
-    reading its drafts back: `read_drafts` (pinned + event) vs `.tolist()` ms, GPU idle."""
-    graphs = [runner.graphs[k][0] for k in keys]
-    drafts = runner.graphs[keys[-1]][1][0][:streams]
-    torch.cuda.synchronize()
-    ev[0].record()
-    for _ in range(iters):
-        for graph in graphs:
-            graph.replay()
-    ev[1].record()
-    ev[1].synchronize()
-    return {"device_ms": round(ev[0].elapsed_time(ev[1]) / iters, 4),
-            "read_pinned_ms": _per_call_ms(lambda: runner.read_drafts(drafts), iters),
-            "tolist_ms": _per_call_ms(lambda: drafts.tolist(), iters)}
-
-
-def _decode_step(prop, tokens: dict, step: torch.Tensor, k: int, ev) -> tuple:
-    """One round of every stream, then each commits k drafts + 1 (taps: views of `step`).
-    Returns (wall s of propose_batch, CUDA-event s from its start to its end, observe s)."""
-    if ev:
-        torch.cuda.synchronize()
-        ev[0].record()
-    t0 = time.perf_counter()
-    out = prop.propose_batch(list(tokens.items()))
-    t1 = time.perf_counter()
-    if ev:
-        ev[1].record()
-        ev[1].synchronize()
-    for i, rid in enumerate(tokens):
-        prop.observe(rid, len(tokens[rid]) - 1, step[i * (k + 1):(i + 1) * (k + 1)])
-    t2 = time.perf_counter()
-    for rid in tokens:
-        tokens[rid] += out[rid][:k] + [7]
-    return t1 - t0, ev[0].elapsed_time(ev[1]) / 1e3 if ev else t1 - t0, t2 - t1
-
-
-def mini_round_timing(iters: int, prefill: int = 300, warmup: int = 5) -> None:
-    """`propose_batch` rounds at the mini drafter's shape (serving depth, 8 ring slots) in
-    steady decoding (`_decode_step`, k cycling 0 .. depth*B), 1 and 8 streams: median wall and
-    CUDA-event ms of a round, `observe` ms of a step; on CUDA `_device_and_readback`."""
-    dev = DEVICE[0]
-    cuda = dev != "cpu"
-    model = _mini_drafter(dev)
-    c = model.config
-    depth, nd = c.serving_defaults.depth, c.serving_defaults.depth * c.block_size
-    g = torch.Generator(device=dev).manual_seed(1)
-    pool = torch.randn(prefill + 8 * (nd + 1), c.num_taps, c.target_hidden_size, generator=g,
-                       device=dev).to(torch.bfloat16)
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
-    for streams in (1, 8):
-        prop = PluginDrafterProposer(model, depth, 8, use_graphs=cuda)
-        captured = prop.capture_all() if cuda else 0
-        keys, real = [], prop.runner._replay
-        prop.runner._replay = lambda key, fn: (keys.append(key), real(key, fn))[1]
-        tokens = {f"s{i}": list(range(100 + i, 101 + i + prefill)) for i in range(streams)}
-        for rid in tokens:
-            prop.observe(rid, 0, pool[:prefill])
-        times = [_decode_step(prop, tokens, pool[:streams * (it % (nd + 1) + 1)],
-                              it % (nd + 1), ev) for it in range(warmup + iters)][warmup:]
-        wall, span, obs = zip(*times)
-        row = {"streams": streams, "depth": depth, "prefill": prefill, "graphs": captured,
-               "keys": [list(k) for k in keys[-2:]], "wall_ms": _ms(wall),
-               "event_ms": _ms(span), "observe_ms": _ms(obs)}
-        if cuda:
-            row.update(_device_and_readback(prop.runner, keys[-2:], streams, iters, ev))
-            row["host_ms"] = round(row["wall_ms"] - row["device_ms"], 4)
-        RESULTS["mini_round"].append(row)
-        print(f"  mini round: S={streams} {json.dumps(row)}", flush=True)
-        del prop
 
 
 def main() -> int:

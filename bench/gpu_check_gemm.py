@@ -1,0 +1,153 @@
+"""gpu_check sections nvfp4, fp8gemv, moe, moecompact, splitk: the GEMV kernels (NVFP4, FP8) and
+the MoE experts (per-unit launch, the compact work list, split-K) against their references,
+CUDA graph replay, batch invariance. Run through bench/gpu_check.py."""
+
+from __future__ import annotations
+
+import gpu_check_base as B
+import torch
+from gpu_check_base import TOL, check_graph, record
+from kolibri_trt_plugins import testing as T
+from kolibri_trt_plugins.fp8_gemv import fp8_gemv, fp8_gemv_ref
+from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
+from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref
+
+
+# ---------------------------------------------------------------- GEMV
+def check_gemv_invariance(name, fn, x):
+    full = fn(x)
+    ok = all(torch.equal(fn(x[:m].contiguous())[0], full[0]) for m in (1, 3, 16))
+    record(name + " batch invariance", ok, "bit-identical (M=1,3,16 vs %d)" % x.shape[0] if ok else "DIFFERS")
+
+
+def check_nvfp4(g, small):
+    shapes = [(1, 131072, 2560), (3, 511, 2560), (33, 60614, 2560), (64, 1, 64), (65, 33, 128)]
+    if small:
+        shapes = [(1, 33, 64), (3, 511, 256), (65, 33, 128)]
+    for M, N, K in shapes:
+        x = T.randn((M, K), g, device=B.DEV)
+        w = T.nvfp4_weight(N, K, g, device=B.DEV)
+        out = nvfp4_gemv(x, *w)
+        e = T.rel_err(out, nvfp4_gemv_ref(x, *w))
+        msg = f"rel={e:.2e} " + check_graph(f"nvfp4 {M}x{K}x{N}", lambda: nvfp4_gemv(x, *w), out)
+        record(f"nvfp4 M={M} N={N} K={K}", e < TOL["gemv"], msg)
+    x = T.randn((64, 2560), g, device=B.DEV)
+    w = T.nvfp4_weight(4096, 2560, g, device=B.DEV)
+    check_gemv_invariance("nvfp4", lambda xx: nvfp4_gemv(xx, *w), x)
+
+
+def check_fp8gemv(g, small):
+    shapes = [(1, 2560, 2560), (3, 511, 768), (33, 3584, 2560), (64, 33, 64), (65, 7, 128)]
+    if small:
+        shapes = [(1, 33, 64), (3, 70, 128), (65, 7, 128)]
+    for mode in ("tensor", "channel", "block"):
+        for M, N, K in shapes + ([(5, 37, 33)] if mode != "block" else []):
+            x = T.randn((M, K), g, device=B.DEV)
+            w = T.fp8_weight(N, K, mode, g, device=B.DEV)
+            out = fp8_gemv(x, *w)
+            e = T.rel_err(out, fp8_gemv_ref(x, *w))
+            msg = f"rel={e:.2e} " + check_graph(f"fp8 {mode}", lambda: fp8_gemv(x, *w), out)
+            record(f"fp8gemv {mode} M={M} N={N} K={K}", e < TOL["gemv"], msg)
+        x = T.randn((64, 2560), g, device=B.DEV)
+        w = T.fp8_weight(2560, 2560, mode, g, device=B.DEV)
+        check_gemv_invariance(f"fp8gemv {mode}", lambda xx: fp8_gemv(xx, *w), x)
+
+
+# ---------------------------------------------------------------- MoE
+def check_moe(g, small):
+    cfgs = [("small", 8, 256, 128, 128, 2, (1, 3, 33, 70)), ("small-noshared", 8, 256, 128, 0, 2, (3,))]
+    if not small:
+        cfgs.append(("full", 256, 2560, 768, 768, 6, (1, 16, 64)))
+    for label, E, H, I_, Is, k, Ms in cfgs:
+        wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
+        for M in Ms:
+            x = T.randn((M, H), g, device=B.DEV)
+            out = moe_forward(x, *wts, top_k=k)
+            e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
+            msg = f"rel={e:.2e} " + check_graph(f"moe {label}", lambda: moe_forward(x, *wts, top_k=k), out)
+            record(f"moe {label} E={E} H={H} I={I_} top{k} M={M}", e < TOL["moe"], msg)
+        x = T.randn((max(Ms), H), g, device=B.DEV)
+        check_gemv_invariance(f"moe {label}", lambda xx: moe_forward(xx, *wts, top_k=k), x)
+
+
+def check_split_k(g, small):
+    """fp8_gemv and the MoE experts with K split (SPLIT_K > 1; the default 1 is checked above):
+    against the reference, CUDA graph replay, batch invariance."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    saved = (f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN)
+    shapes = [(1, 3584, 2560), (16, 2560, 2560), (64, 7680, 2560), (33, 97, 272)]
+    if small:
+        shapes = [(1, 33, 512), (3, 70, 768), (5, 7, 272)]
+    try:
+        for S in (2, 3, 5):
+            f8.SPLIT_K = S
+            for mode in ("tensor", "channel", "block"):
+                for M, N, K in shapes:
+                    if mode == "block" and K % 64:
+                        continue
+                    x = T.randn((M, K), g, device=B.DEV)
+                    w = T.fp8_weight(N, K, mode, g, device=B.DEV)
+                    out = fp8_gemv(x, *w)
+                    e = T.rel_err(out, fp8_gemv_ref(x, *w))
+                    msg = f"rel={e:.2e} " + check_graph("fp8 split", lambda: fp8_gemv(x, *w), out)
+                    record(f"fp8gemv SPLIT_K={S} {mode} M={M} N={N} K={K}", e < TOL["gemv"], msg)
+                x = T.randn((64, 2560), g, device=B.DEV)
+                w = T.fp8_weight(2560, 2560, mode, g, device=B.DEV)
+                check_gemv_invariance(f"fp8gemv SPLIT_K={S} {mode}", lambda xx: fp8_gemv(xx, *w), x)
+        E, H, I_, Is, k, Ms = ((8, 512, 96, 160, 2, (1, 3)) if small else
+                               (256, 2560, 768, 768, 6, (1, 16, 64)))
+        wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
+        for sg, sd in ((2, 3), (5, 2)):
+            me.SPLIT_K_GATED, me.SPLIT_K_DOWN = sg, sd
+            for M in Ms:
+                x = T.randn((M, H), g, device=B.DEV)
+                out = moe_forward(x, *wts, top_k=k)
+                e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
+                run = lambda: moe_forward(x, *wts, top_k=k)  # noqa: E731
+                msg = f"rel={e:.2e} " + check_graph("moe split", run, out)
+                record(f"moe SPLIT_K={sg},{sd} E={E} H={H} I={I_} top{k} M={M}", e < TOL["moe"], msg)
+            x = T.randn((max(Ms), H), g, device=B.DEV)
+            check_gemv_invariance(f"moe SPLIT_K={sg},{sd}",
+                                  lambda xx: moe_forward(xx, *wts, top_k=k), x)
+    finally:
+        f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN = saved
+
+
+def check_moe_compact(g, small):
+    """The MoE experts walking the work list (moe_experts.COMPACT_UNITS; plugins/moe_units.py):
+    the list against its reference, the output bit-identical to the per-unit launch, against
+    the reference, CUDA graph replay, batch invariance; 1, 64 and 128 programs, split-K too."""
+    import importlib
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    from kolibri_trt_plugins.moe_units import moe_units, moe_units_ref
+    for M, k, E in ((1, 6, 256), (16, 6, 256), (64, 6, 256), (64, 6, 8), (33, 5, 300)):
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).int().to(B.DEV)
+        units, count = moe_units(ids)
+        want, n = moe_units_ref(ids.cpu())
+        ok = int(count[0]) == n and torch.equal(units[:n].cpu(), want)
+        record(f"moe_units M={M} k={k} E={E}", ok, f"count={int(count[0])} want {n}")
+    saved = (me.COMPACT_UNITS, me.UNIT_PROGRAMS, me.SPLIT_K_GATED)
+    E, H, I_, Is, k, Ms = ((8, 512, 96, 160, 2, (1, 3, 33, 70)) if small else
+                           (256, 2560, 768, 768, 6, (1, 3, 16, 64, 70)))
+    wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
+    try:
+        for programs, sg in ((64, 1), (1, 1), (128, 1), (64, 2)):
+            tag = f"moe COMPACT_UNITS programs={programs} SPLIT_K={sg},1"
+            for M in Ms:
+                x = T.randn((M, H), g, device=B.DEV)
+                me.COMPACT_UNITS, me.SPLIT_K_GATED = False, sg
+                per_unit = moe_forward(x, *wts, top_k=k)
+                me.COMPACT_UNITS, me.UNIT_PROGRAMS = True, programs
+                out = moe_forward(x, *wts, top_k=k)
+                e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
+                run = lambda: moe_forward(x, *wts, top_k=k)  # noqa: E731
+                msg = f"rel={e:.2e} same bits as per-unit: {torch.equal(out, per_unit)} "
+                msg += check_graph(tag, run, out)
+                record(f"{tag} E={E} H={H} I={I_} top{k} M={M}",
+                       e < TOL["moe"] and torch.equal(out, per_unit), msg)
+            x = T.randn((64, H), g, device=B.DEV)
+            check_gemv_invariance(tag, lambda xx: moe_forward(xx, *wts, top_k=k), x)
+    finally:
+        me.COMPACT_UNITS, me.UNIT_PROGRAMS, me.SPLIT_K_GATED = saved

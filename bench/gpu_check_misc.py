@@ -1,0 +1,121 @@
+"""gpu_check sections norm, qknorm, gumbel: add_rms_norm, qk_norm_rope and gumbel_argmax
+against their references, CUDA graph replay, batch invariance. Run through bench/gpu_check.py."""
+
+from __future__ import annotations
+
+import gpu_check_base as B
+import torch
+from gpu_check_base import GUMBEL_FLIP_FRAC, NORM_FLIP_FRAC, TOL, check_graph, record
+from kolibri_trt_plugins import testing as T
+from kolibri_trt_plugins.add_rms_norm import add_rms_norm, add_rms_norm_ref
+from kolibri_trt_plugins.gumbel_argmax import (
+    gumbel_argmax,
+    gumbel_argmax_ref,
+    gumbel_bits_ref,
+    gumbel_noise_debug,
+    gumbel_noise_ref,
+)
+from kolibri_trt_plugins.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
+
+
+# ---------------------------------------------------------------- norms
+def flip_frac(a, b):
+    return (a != b).float().mean().item() if a.numel() else 0.0
+
+
+def check_norm(g, small):
+    """add_rms_norm vs add_rms_norm_ref: h = x + r bit-exact (elementwise), y within a bf16 ulp
+    at rounding boundaries; eager, CUDA graph, row alone vs in a batch."""
+    for N in (256, 2560):
+        for T_ in ((1, 3, 33) if small else (1, 3, 33, 511)):
+            for res in (True, False):
+                name = f"add_rms_norm N={N} T={T_} residual={res}"
+                x = T.randn((T_, N + 64), g, device=B.DEV, scale=2.0)[:, :N]   # strided rows
+                r = T.randn((T_, N), g, device=B.DEV) if res else None
+                w = (1 + 0.2 * torch.randn(N, generator=g)).to(torch.bfloat16).to(B.DEV)
+                h, y = add_rms_norm(x, r, w)
+                hr, yr = add_rms_norm_ref(x, r, w, 1e-6)
+                e, f = T.rel_err(y, yr), flip_frac(y, yr)
+                msg = f"h exact={torch.equal(h, hr)} y rel={e:.2e} flips={f:.1e} "
+                msg += check_graph(name, lambda: add_rms_norm(x, r, w), [h, y])
+                record(name, torch.equal(h, hr) and e < TOL["norm"] and f < NORM_FLIP_FRAC, msg)
+    x = T.randn((16, 2560), g, device=B.DEV)
+    r = T.randn((16, 2560), g, device=B.DEV)
+    w = T.randn((2560,), g, device=B.DEV)
+    hb, yb = add_rms_norm(x, r, w)
+    ok = all(torch.equal(add_rms_norm(x[i:i + 1], r[i:i + 1], w)[1], yb[i:i + 1])
+             for i in (0, 7, 15))
+    ok &= torch.equal(add_rms_norm(x[:3], r[:3], w)[1], yb[:3])
+    record("add_rms_norm batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
+
+
+def qk_case(T_, hq, hkv, g):
+    """q, k: strided views of a fused QKV output [T, (Hq + 2 Hkv) * 128]; cos/sin fp32 [T, 128]."""
+    qkv = T.randn((T_, (hq + 2 * hkv) * 128), g, device=B.DEV, scale=3.0)
+    q = qkv[:, :hq * 128].unflatten(1, (hq, 128))
+    k = qkv[:, hq * 128:(hq + hkv) * 128].unflatten(1, (hkv, 128))
+    gq, gk = ((1 + 0.2 * torch.randn(128, generator=g)).to(torch.bfloat16).to(B.DEV)
+              for _ in range(2))
+    pos = torch.randint(0, 40000, (T_,), generator=g).double()[:, None]
+    ang = pos * 1e6 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)[None, :]
+    ang = torch.cat([ang, ang], -1)   # = kolibri_trt.model.ops.rope_cos_sin
+    return q, k, gq, gk, ang.cos().float().to(B.DEV), ang.sin().float().to(B.DEV)
+
+
+def check_qk_norm_rope(g, small):
+    for hq, hkv in ((20, 4), (4, 2)):
+        for T_ in ((1, 3, 33) if small else (1, 3, 33, 511)):
+            for rope in (True, False):
+                name = f"qk_norm_rope Hq={hq} Hkv={hkv} T={T_} rope={rope}"
+                q, k, gq, gk, cos, sin = qk_case(T_, hq, hkv, g)
+                out = qk_norm_rope(q, k, gq, gk, cos, sin, rope=rope)
+                ref = qk_norm_rope_ref(q, k, gq, gk, cos, sin, 1e-6, rope)
+                e = max(T.rel_err(a, b) for a, b in zip(out, ref))
+                f = max(flip_frac(a, b) for a, b in zip(out, ref))
+                msg = f"rel={e:.2e} flips={f:.1e} " + check_graph(
+                    name, lambda: qk_norm_rope(q, k, gq, gk, cos, sin, rope=rope), list(out))
+                record(name, e < TOL["norm"] and f < NORM_FLIP_FRAC, msg)
+    q, k, gq, gk, cos, sin = qk_case(16, 20, 4, g)
+    qb, kb = qk_norm_rope(q, k, gq, gk, cos, sin)
+    ok = True
+    for s in (slice(0, 1), slice(7, 8), slice(15, 16), slice(0, 3)):
+        q1, k1 = qk_norm_rope(q[s], k[s], gq, gk, cos[s], sin[s])
+        ok &= torch.equal(q1, qb[s]) and torch.equal(k1, kb[s])
+    record("qk_norm_rope batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
+
+
+# ---------------------------------------------------------------- sampling
+def gumbel_case(N, V, g):
+    logits = T.randn((N, V + 3), g, dtype=torch.float32, device=B.DEV, scale=3.0)[:, :V]
+    temp = (torch.rand(N, generator=g) * 1.5 + 0.1).to(B.DEV)
+    return logits, temp, torch.randint(0, 2**32, (N,), generator=g).to(B.DEV)
+
+
+def check_gumbel(g, small):
+    """gumbel_argmax vs gumbel_argmax_ref (sampled ids; on CUDA also the kernel's hash bits and
+    noise from its debug kernel), eager and CUDA graph, row alone vs in a batch."""
+    sizes = ([(1, 7), (3, 1000), (33, 300)] if small else
+             [(1, 7), (3, 1000), (33, 16384), (1, 131072), (64, 131072), (511, 4096)])
+    for N, V in sizes:
+        name = f"gumbel_argmax N={N} V={V}"
+        logits, temp, keys = gumbel_case(N, V, g)
+        out = gumbel_argmax(logits, temp, keys)
+        f = flip_frac(out, gumbel_argmax_ref(logits, temp, keys))
+        msg = f"flips={f:.1e} " + check_graph(name, lambda: gumbel_argmax(logits, temp, keys), out)
+        record(name, f <= GUMBEL_FLIP_FRAC, msg)
+    if B.DEV == "cuda":
+        V = 131072
+        keys = torch.tensor([0, 1, 222, 2**32 - 1], device=B.DEV)
+        bits, noise = gumbel_noise_debug(keys, V)
+        ref = gumbel_noise_ref(keys, V)
+        fin = torch.isfinite(ref)   # key 222 has a +inf at token 94626 (u rounds to 1.0)
+        nd = int((noise != ref).sum())
+        dmax = float((noise[fin].double() - ref[fin].double()).abs().max())
+        ok = torch.equal(bits, gumbel_bits_ref(keys, V))
+        record(f"gumbel hash bits V={V}", ok, f"bits exact={ok}; noise differs at {nd} of "
+               f"{noise.numel()} (max abs {dmax:.2e})")
+    logits, temp, keys = gumbel_case(16, 1000 if small else 131072, g)
+    full = gumbel_argmax(logits, temp, keys)
+    ok = all(torch.equal(gumbel_argmax(logits[s], temp[s], keys[s]), full[s])
+             for s in (slice(0, 1), slice(7, 8), slice(15, 16), slice(0, 3)))
+    record("gumbel_argmax batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")

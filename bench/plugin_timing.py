@@ -1,0 +1,75 @@
+"""Timing helpers and run-time settings shared by bench/plugins.py and bench/plugin_sweeps.py:
+time_calls (one CUDA graph over rotated input sets), sets_for, report (+ ROWS for --csv) and
+paged_tables.
+
+ITERS / REPEATS (plugins.main() lowers them with --quick) and APPLY_BEST live here and are read
+when a call runs: change them as ``plugin_timing.ITERS = ...``. They are not kept in plugins.py
+because it runs as ``__main__`` (and ``import plugins`` finds ./plugins once standalone.py has
+put the repository root on sys.path).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+BW = 4.14e12          # measured HBM read bandwidth, bytes/s
+L2_FLUSH = 240e6      # rotate input sets until this many bytes are touched per graph
+ITERS, REPEATS = 20, 5
+DEV = "cuda"
+ROWS: list[dict] = []
+APPLY_BEST = True  # --only sweep,...: the sections after the sweep run with its winners
+E4M3 = torch.float8_e4m3fn
+
+
+def time_calls(fns) -> float:
+    """Median µs per call of the zero-arg callables ``fns`` (one per input set), via one graph."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(REPEATS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(ITERS):
+            g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / (ITERS * len(fns)))
+    del g
+    return statistics.median(ts)
+
+
+def sets_for(nbytes: float) -> int:
+    return max(1, min(32, math.ceil(L2_FLUSH / max(nbytes, 1))))
+
+
+def report(kernel, shape, us, nbytes, stock_us=None, note=""):
+    tbs = nbytes / (us * 1e-6) / 1e12
+    row = dict(kernel=kernel, shape=shape, us=us, MB=nbytes / 1e6, TBs=tbs, pct=100 * tbs * 1e12 / BW,
+               stock_us=stock_us, note=note)
+    ROWS.append(row)
+    st = f"{stock_us:9.1f}" if stock_us else "        -"
+    sp = f"{stock_us / us:5.2f}x" if stock_us else "     -"
+    print(f"{kernel:22s} {shape:34s} {us:9.1f} µs {nbytes / 1e6:9.2f} MB {tbs:5.2f} TB/s "
+          f"{row['pct']:5.1f}% | stock {st} µs {sp} {note}", flush=True)
+
+
+def paged_tables(B, ctx, blk):
+    nb = B * (ctx // blk)
+    perm = torch.randperm(nb, device=DEV).int()
+    return perm.view(B, ctx // blk).contiguous(), nb
