@@ -94,8 +94,9 @@ def _position_order_attention(monkeypatch):
         rings[id(self)] = ring
         return real_propose(self, ring, *args, **kwargs)
 
-    def attend(self, q, ring_k, ring_v, slots, visible, length):
+    def attend(self, q, kv, slots, visible, length):
         s, b, hq, d = q.shape
+        ring_k, ring_v = kv[0], kv[1]
         pos = rings[id(self)].pos
         out = torch.empty(s, b, hq, d)
         for i in range(s):

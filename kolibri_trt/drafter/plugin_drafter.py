@@ -15,14 +15,20 @@ runs:
 - RMSNorms of bf16 rows go to the `add_rms_norm` plugin (`plugins/add_rms_norm.py`, one
   kernel per norm, the residual add before the attention block's post norm and a sequential
   head's final norm fused into it; the maths of `ops.rms_norm`), with bf16 copies of the gains
-  made once; the per-tap norms of `fuse_taps` (a gain per tap) stay `ops.rms_norm`. RoPE tables
-  come from `ops.rope_tables` over inverse frequencies made once (= `ops.rope_cos_sin`); the
-  embedding is the target's, bf16; activations bf16 (the dequantizing CPU reference runs fp32
+  made once; `fuse_taps` runs one such norm per tap (a gain per tap). RoPE is a rotation
+  table per step (`plugin_glue.rope_rotation`, the values of `ops.rope_cos_sin`) applied in
+  two elementwise ops (`apply_rope_rotation`, bit for bit `ops.apply_rope`); the embedding
+  is the target's, bf16; activations bf16 (the dequantizing CPU reference runs fp32
   activations through fp32 weights);
+- the torch glue between the kernels is written for few launches (`plugin_glue.py`;
+  `bench/count_drafter_ops.py` counts them): q and k are rotated in place in the QKV
+  product, so keys and values reach the ring in one write per layer (a commit: one per
+  layer too), the drafts and logits are written into the round's outputs by the heads (no
+  stacking), constants (block offsets, the inverse frequencies) are made once;
 - context K/V live in static device buffers (`DrafterRing`, `plugin_weights.py`): per
   stream slot a ring of R = context_window + depth * B rows per layer, bf16
-  [slots + 1, R, Hkv, D], and the absolute position held by each ring row (int64
-  [slots + 1, R], -1 = empty). A key is stored with its RoPE applied, at ring row
+  [layers, 2 (K, V), slots + 1, R, Hkv, D], and the absolute position held by each ring row
+  (int64 [slots + 1, R], -1 = empty). A key is stored with its RoPE applied, at ring row
   `pos % R`, so ring order does not matter.
   Block row j of a stream with anchor p attends to the ring rows whose position lies in
   [p - context_window, p + j] (its context and the causal block, whose own K/V are written
@@ -44,14 +50,13 @@ rewritten with real rows before it runs (`commit`).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from kolibri_trt_plugins import add_rms_norm
 
 from ..model import ops
 from .config import DrafterConfig
+from .plugin_glue import apply_rope_rotation, ring_attention, rope_rotation, visible_rows
 from .plugin_weights import (ATTN_IMPLS, BODY_FORMATS, HEAD_FORMATS, DrafterLayerWeights,
                              DrafterRing, PluginHead, PluginLinear)
 from .reference import DrafterTarget
@@ -64,8 +69,9 @@ class DrafterPlugin:
     target ids; tap_norms: [n_taps, Ht]; fuse, fc: PluginLinear; mask_embedding bf16 [H];
     layers; predecessor: (A, B, U) PluginLinear; norm: [H]; head: PluginHead. Norm gains are
     the stored bf16 values held in fp32; `__init__` keeps bf16 copies of the body and final
-    gains for the plugin norm (exact) and the RoPE inverse frequencies (`ops.rope_inv_freq`).
-    attn: "dense" (fp32 einsum + softmax over the ring, the default) or "sdpa"
+    gains (and of the tap gains) for the plugin norm (exact), the RoPE inverse frequencies
+    (half of `ops.rope_inv_freq`) and the block offsets 0 .. B-1.
+    attn: "dense" (fp32 matmul + softmax over the ring, the default) or "sdpa"
     (`F.scaled_dot_product_attention` on bf16 with a boolean mask).
     """
 
@@ -85,7 +91,11 @@ class DrafterPlugin:
         self.gains = [(_bf16(w.input_norm), _bf16(w.post_norm),
                        None if w.spine is None else _bf16(w.spine[0])) for w in self.layers]
         self.norm_bf16 = _bf16(norm)
-        self.rope_inv_freq = ops.rope_inv_freq(config.head_dim, config.rope_theta, self.device)
+        self.tap_gains = [_bf16(g) for g in tap_norms]
+        # made once: the first half of `ops.rope_inv_freq` (it repeats it), block offsets 0..B-1
+        self.rope_inv_half = ops.rope_inv_freq(config.head_dim, config.rope_theta,
+                                               self.device)[:config.head_dim // 2].contiguous()
+        self.block_offsets = torch.arange(config.block_size, device=self.device)
 
     # ---- building ------------------------------------------------------------------------
     @classmethod
@@ -149,10 +159,11 @@ class DrafterPlugin:
         return F.embedding(ids, self.embed_tokens)
 
     def fuse_taps(self, taps: torch.Tensor) -> torch.Tensor:
-        """taps bf16 [N, n_taps, Ht] -> fused [N, H] (one norm per tap, then `fuse`)."""
-        n = taps.shape[0]
-        normed = ops.rms_norm(taps, self.tap_norms, self.config.rms_norm_eps)
-        return self.fuse(normed.reshape(n, -1))
+        """taps bf16 [N, n_taps, Ht] -> fused [N, H]: one plugin norm per tap (its own gain; a
+        row of `ops.rms_norm` bit for bit), the taps side by side, then `fuse`."""
+        eps = self.config.rms_norm_eps
+        normed = [add_rms_norm(taps[:, t], None, g, eps)[1] for t, g in enumerate(self.tap_gains)]
+        return self.fuse(torch.cat(normed, -1))
 
     def _norm(self, x: torch.Tensor, gain: torch.Tensor, residual: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,19 +171,19 @@ class DrafterPlugin:
         (x itself without one) and y = `ops.rms_norm(h, gain, eps)`, bit for bit on CPU."""
         return add_rms_norm(x, residual, gain, self.config.rms_norm_eps)
 
-    def _kv(self, i: int, rows: torch.Tensor, cos, sin):
-        """Keys (RoPE) and values of rows bf16 [N, H] for layer i: [N, Hkv, D] each
-        (`DrafterLayer.kv`)."""
+    def _write_context(self, ring: DrafterRing, rows_x: torch.Tensor, rope: torch.Tensor,
+                       slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Context rows rows_x bf16 [N, H] into every layer's ring (`DrafterLayer.kv`) at
+        (slots, rows) (int64, any shape of N elements): keys rotated in place in the K/V
+        product (rope: `rope_rotation` of their positions), then keys and values in one write."""
         c = self.config
-        n, hkv = rows.shape[0], c.num_key_value_heads
-        kv = self.layers[i].kv(self._norm(rows, self.gains[i][0])[1])
-        k = kv[:, :hkv * c.head_dim].view(n, hkv, c.head_dim)
-        v = kv[:, hkv * c.head_dim:].view(n, hkv, c.head_dim)
-        return ops.apply_rope(k, cos, sin), v
-
-    def _write(self, ring: DrafterRing, layer: int, slots, rows, k, v) -> None:
-        ring.k[layer][slots, rows] = k
-        ring.v[layer][slots, rows] = v
+        n, hkv, d = rows_x.shape[0], c.num_key_value_heads, c.head_dim
+        for i, w in enumerate(self.layers):
+            kv = w.kv(self._norm(rows_x, self.gains[i][0])[1])             # [N, 2 Hkv D]
+            k = kv[:, :hkv * d].view(n, hkv, d)
+            apply_rope_rotation(k, rope, out=k)
+            kv = kv.view(n, 2, hkv, d).permute(1, 0, 2, 3)                 # [2, N, Hkv, D]
+            ring.kv[i][:, slots, rows] = kv.view(2, *slots.shape, hkv, d)
 
     # ---- committing context rows ---------------------------------------------------------
     @torch.no_grad()
@@ -184,11 +195,8 @@ class DrafterPlugin:
         taps bf16 [N, n_taps, Ht]; next_ids, slots, positions int64 [N] (device). Padding
         rows: slot = ring.trash, position -1."""
         ctx = self.fc(torch.cat([self.fuse_taps(taps), self.embed(next_ids)], -1))
-        cos, sin = ops.rope_tables(positions, self.rope_inv_freq)
         rows = positions.remainder(ring.size)
-        for i in range(len(self.layers)):
-            k, v = self._kv(i, ctx, cos, sin)
-            self._write(ring, i, slots, rows, k, v)
+        self._write_context(ring, ctx, rope_rotation(positions, self.rope_inv_half), slots, rows)
         ring.pos[slots, rows] = positions
 
     # ---- one round -----------------------------------------------------------------------
@@ -202,58 +210,58 @@ class DrafterPlugin:
         [S]: ring slots; anchors int64 [S]: p. The ring must hold each stream's context rows
         p - C .. p - 1 (`commit`). length: ring rows attended (a bound > every position the
         round touches, or None: all R). Returns drafts int64 [S, depth*B] (target ids) and
-        fp32 logits [S, depth*B, Vd]. Provisional rows stay in the ring (masked later)."""
+        fp32 logits [S, depth*B, Vd], written in place by the passes. Provisional rows stay in
+        the ring (masked later)."""
         c = self.config
         s, b, h = taps.shape[0], c.block_size, c.hidden_size
         length = ring.size if length is None else length
         fused = self.fuse_taps(taps)
         mask = self.mask_embedding.expand(s, h)
-        first = self.fc(torch.cat([torch.cat([fused, self.embed(next_ids)], -1),
-                                   torch.cat([fused, mask], -1)]))
+        tail = torch.stack([self.embed(next_ids), mask])                       # [2, S, H]
+        first = self.fc(torch.cat([fused.expand(2, s, h), tail], -1).view(2 * s, 2 * h))
         anchor_ctx, mask_rows = first[:s], first[s:]
-        j = torch.arange(b, device=anchors.device)
-        row_slots = slots[:, None].expand(s, b).reshape(-1)
-        drafts, logits = [], []
+        drafts = torch.empty(s, depth * b, dtype=torch.long, device=taps.device)
+        logits = torch.empty(s, depth * b, c.draft_vocab_size, dtype=torch.float32,
+                             device=taps.device)
+        slots2 = slots[:, None].expand(s, b)
         for r in range(depth):
-            pos = anchors[:, None] + j[None, :]                        # [S, B]
-            flat = pos.reshape(-1)
-            rows = flat.remainder(ring.size)
-            ring.pos[row_slots, rows] = flat
-            cos, sin = ops.rope_tables(flat, self.rope_inv_freq)
-            visible = self._visible(ring, slots, anchors, pos, length)
+            pos = anchors[:, None] + self.block_offsets                # [S, B]
+            rows = pos.remainder(ring.size)
+            ring.pos[slots2, rows] = pos
+            rope = rope_rotation(pos.view(-1), self.rope_inv_half)
+            visible = visible_rows(ring.pos, slots, anchors, pos, c.context_window, length)
             x = torch.cat([anchor_ctx[:, None], mask_rows[:, None].expand(s, b - 1, h)], 1)
             for i, w in enumerate(self.layers):
-                x = self._layer(ring, i, w, x, cos, sin, row_slots, rows, slots, visible, length)
-            states, d, lg = self._heads(x)
-            drafts.append(d)
-            logits.append(lg)
+                x = self._layer(ring, i, w, x, rope, slots2, rows, slots, visible, length)
+            cols = slice(r * b, (r + 1) * b)
+            states = self._heads(x, drafts[:, cols], logits[:, cols], r < depth - 1)
             if r == depth - 1:
                 break
-            # positions p .. p+B-1 become provisional context rows: (fused_p, t_{p+1}) =
-            # anchor_ctx and (g_j, d_j) for j < B-1; the new anchor p+B has (g_{B-1}, d_{B-1})
-            nxt = self.fc(torch.cat([torch.cat([states, self.embed(d)], -1).reshape(s * b, 2 * h),
-                                     torch.cat([states[:, -1], mask], -1)]))
-            new = nxt[:s * b].view(s, b, h)
-            prov = torch.cat([anchor_ctx[:, None], new[:, :-1]], 1).reshape(s * b, h)
-            for i in range(len(self.layers)):
-                k, v = self._kv(i, prov, cos, sin)
-                self._write(ring, i, row_slots, rows, k, v)
-            anchor_ctx, mask_rows = new[:, -1], nxt[s * b:]
+            anchor_ctx, mask_rows = self._provisional(ring, states, drafts[:, cols], anchor_ctx,
+                                                      mask, rope, slots2, rows)
             anchors = anchors + b
-        return torch.cat(drafts, 1), torch.cat(logits, 1)
+        return drafts, logits
 
-    def _visible(self, ring: DrafterRing, slots, anchors, pos, length: int) -> torch.Tensor:
-        """bool [S, B, L]: ring row l of stream s is visible to block row j iff its position
-        lies in [p - context_window, p + j] (and is not empty)."""
-        rp = ring.pos[:, :length].index_select(0, slots)[:, None, :]          # [S, 1, L]
-        lo = (anchors - self.config.context_window)[:, None, None]
-        return (rp >= 0) & (rp >= lo) & (rp <= pos[:, :, None])
+    def _provisional(self, ring: DrafterRing, states, drafts, anchor_ctx, mask, rope, slots2,
+                     rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions p .. p+B-1 of a pass become provisional context rows: (fused_p, t_{p+1})
+        = anchor_ctx and (g_j, d_j) for j < B-1 (states bf16 [S, B, H], the pass's drafts
+        [S, B]), written into the ring. Returns the next pass's anchor rows (the new anchor
+        p+B has (g_{B-1}, d_{B-1})) and mask rows, each [S, H]."""
+        s, b, h = states.shape
+        nxt = self.fc(torch.cat([
+            torch.cat([states, self.embed(drafts)], -1).reshape(s * b, 2 * h),
+            torch.cat([states[:, -1], mask], -1)]))
+        new = nxt[:s * b].view(s, b, h)
+        prov = torch.cat([anchor_ctx[:, None], new[:, :-1]], 1).reshape(s * b, h)
+        self._write_context(ring, prov, rope, slots2, rows)
+        return new[:, -1], nxt[s * b:]
 
     def _layer(self, ring: DrafterRing, i: int, w: DrafterLayerWeights, x: torch.Tensor,
-               cos, sin, row_slots, rows, slots, visible, length: int) -> torch.Tensor:
-        """One body layer over the block rows x bf16 [S, B, H] (`DrafterLayer.forward`).
-        Norms: the plugin's; the o_proj residual add is fused into the post norm (the spine's
-        add touches rows 1.. only and stays a torch add)."""
+               rope, slots2, rows, slots, visible, length: int) -> torch.Tensor:
+        """One body layer over the block rows x bf16 [S, B, H] (`DrafterLayer.forward`; x is
+        this pass's own tensor: the spine adds into rows 1.. in place). Norms: the plugin's;
+        the o_proj residual add is fused into the post norm."""
         c = self.config
         s, b, h = x.shape
         d, (input_norm, post_norm, spine_norm) = c.head_dim, self.gains[i]
@@ -261,57 +269,44 @@ class DrafterPlugin:
         if w.spine is not None and b > 1:
             _, a, u = w.spine
             prev = x[:, :-1].reshape(s * (b - 1), h)
-            delta = u(F.silu(a(self._norm(prev, spine_norm)[1]))).view(s, b - 1, h)
-            x = torch.cat([x[:, :1], x[:, 1:] + delta], 1)
-        xf = x.reshape(s * b, h)
-        qkv = w.qkv(self._norm(xf, input_norm)[1])
-        qk = ops.apply_rope(qkv[:, :(hq + hkv) * d].view(s * b, hq + hkv, d), cos, sin)
-        v = qkv[:, (hq + hkv) * d:].view(s * b, hkv, d)
-        self._write(ring, i, row_slots, rows, qk[:, hq:], v)
-        a = self._attend(qk[:, :hq].reshape(s, b, hq, d), ring.k[i], ring.v[i], slots, visible,
-                         length)
+            delta = u(F.silu(a(self._norm(prev, spine_norm)[1])))
+            x[:, 1:].add_(delta.view(s, b - 1, h))
+        xf = x.view(s * b, h)
+        qkv = w.qkv(self._norm(xf, input_norm)[1])                   # [S*B, (Hq + 2 Hkv) D]
+        qk = qkv[:, :(hq + hkv) * d].view(s * b, hq + hkv, d)
+        apply_rope_rotation(qk, rope, out=qk)                         # in place: q, k rotated
+        ring.kv[i][:, slots2, rows] = qkv[:, hq * d:].view(s, b, 2, hkv, d).permute(2, 0, 1, 3, 4)
+        a = self._attend(qkv[:, :hq * d].view(s, b, hq, d), ring.kv[i], slots, visible, length)
         xf, normed = self._norm(xf, post_norm, w.o_proj(a))        # xf + o_proj(a), norm
         gu = w.w13(normed)
         inter = gu.shape[1] // 2
         xf = xf + w.down(F.silu(gu[:, :inter]) * gu[:, inter:])
         return xf.view(s, b, h)
 
-    def _attend(self, q: torch.Tensor, ring_k: torch.Tensor, ring_v: torch.Tensor, slots,
-                visible: torch.Tensor, length: int) -> torch.Tensor:
-        """q bf16 [S, B, Hq, D] over the ring rows of each stream's slot -> bf16 [S*B, Hq*D].
-        GQA: query head n reads KV head n // (Hq / Hkv); softmax scale 1/sqrt(D)."""
-        s, b, hq, d = q.shape
-        hkv = ring_k.shape[2]
-        g = hq // hkv
-        k = ring_k[:, :length].index_select(0, slots).transpose(1, 2)         # [S, Hkv, L, D]
-        v = ring_v[:, :length].index_select(0, slots).transpose(1, 2)
-        qg = q.reshape(s, b, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(s, hkv, g * b, d)
-        vis = visible[:, None, None].expand(s, 1, g, b, length).reshape(s, 1, g * b, length)
-        if self.attn == "sdpa":
-            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=vis)
-        else:
-            scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) / math.sqrt(d)
-            probs = torch.softmax(scores.masked_fill(~vis, float("-inf")), dim=-1)
-            out = torch.matmul(probs, v.float())
-        out = out.view(s, hkv, g, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, hq * d)
-        return out.to(torch.bfloat16)
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, slots, visible: torch.Tensor,
+                length: int) -> torch.Tensor:
+        """q bf16 [S, B, Hq, D] over the ring rows of each stream's slot -> bf16 [S*B, Hq*D];
+        kv: the layer's ring [2, slots + 1, R, Hkv, D] (`plugin_glue.ring_attention`)."""
+        return ring_attention(q, kv, slots, visible, length, self.attn)
 
-    def _heads(self, x: torch.Tensor):
-        """Sequential heads (`KolibriBlockDrafter._heads`): returns states bf16 [S, B, H],
-        drafts int64 [S, B] (target ids), fp32 logits [S, B, Vd]. The predecessor's residual
-        add is fused into the final norm (plugin)."""
+    def _heads(self, x: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor,
+               keep_states: bool) -> torch.Tensor | None:
+        """Sequential heads (`KolibriBlockDrafter._heads`) over x bf16 [S, B, H]: drafts int64
+        [S, B] (target ids) and fp32 logits [S, B, Vd] written into the given views; returns
+        the states bf16 [S, B, H] if keep_states. The predecessor's residual add is fused into
+        the final norm (plugin)."""
         a, bm, u = self.predecessor
-        states, drafts, logits = [], [], []
+        states = []
         for j in range(x.shape[1]):
             xj = x[:, j]                                   # [S, H] view, row stride B*H
-            res = None if j == 0 else u(F.silu(a(xj) + bm(self.embed(drafts[-1]))))
+            res = None if j == 0 else u(F.silu(a(xj) + bm(self.embed(drafts[:, j - 1]))))
             g, normed = self._norm(xj, self.norm_bf16, res)   # g = xj + res (xj without)
-            lj = self.head(normed)
+            self.head.into(normed, logits[:, j])
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index
-            drafts.append(self.draft_vocab[torch.argmax(lj, dim=-1)])
+            torch.index_select(self.draft_vocab, 0, torch.argmax(logits[:, j], dim=-1),
+                               out=drafts[:, j])
             states.append(g)
-            logits.append(lj)
-        return torch.stack(states, 1), torch.stack(drafts, 1), torch.stack(logits, 1)
+        return torch.stack(states, 1) if keep_states else None
 
 
 def _bf16(gain: torch.Tensor) -> torch.Tensor:

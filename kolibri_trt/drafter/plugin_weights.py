@@ -5,12 +5,13 @@
 `fp8_gemv`; K padded with zero columns to a multiple of 64 at load) or "bf16" (`ops.linear`).
 `PluginHead`: the draft-vocabulary head slice, "nvfp4" (`nvfp4_gemv`) or "bf16".
 `DrafterRing`: per stream slot R = context_window + depth * block_size rows of K/V per layer
-plus the absolute position each row holds (-1 = empty); the last slot is a trash slot.
+(one tensor for all layers) plus the absolute position each row holds (-1 = empty); the last
+slot is a trash slot.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +101,14 @@ class PluginHead:
             return ops.linear(x.float(), self.weight)
         return nvfp4_gemv(x, self.weight, self.scale, self.scale_2).float()
 
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """The logits of x into out, fp32 [M, Vd] (any row stride): the values of `self(x)`,
+        the NVFP4 head's bf16 converted by the copy (no `.float()` and no stacking after)."""
+        if self.fmt == "bf16":
+            out.copy_(ops.linear(x.float(), self.weight))
+        else:
+            out.copy_(nvfp4_gemv(x, self.weight, self.scale, self.scale_2))
+
 
 @dataclass(frozen=True)
 class DrafterLayerWeights:
@@ -119,13 +128,21 @@ class DrafterLayerWeights:
 class DrafterRing:
     """The drafter's context K/V in static buffers (module docstring).
 
-    k, v: per layer bf16 [slots + 1, R, Hkv, D] (keys with RoPE); pos: int64 [slots + 1, R],
-    the absolute position each ring row holds, -1 = empty. Row `trash` = slots is written by
-    padding and never read by a real stream."""
+    kv: bf16 [layers, 2, slots + 1, R, Hkv, D], per layer the keys (with RoPE) then the
+    values, one tensor so that a commit writes every layer's rows with one index_put and a
+    round gathers a layer's keys and values with one index_select; k, v: per layer views
+    kv[i, 0], kv[i, 1] [slots + 1, R, Hkv, D]; pos: int64 [slots + 1, R], the absolute position
+    each ring row holds, -1 = empty. Row `trash` = slots is written by padding and never read
+    by a real stream."""
 
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
+    kv: torch.Tensor
     pos: torch.Tensor
+    k: list[torch.Tensor] = field(init=False, repr=False)
+    v: list[torch.Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.k = [self.kv[i, 0] for i in range(self.kv.shape[0])]
+        self.v = [self.kv[i, 1] for i in range(self.kv.shape[0])]
 
     @property
     def size(self) -> int:
@@ -140,10 +157,8 @@ class DrafterRing:
                  device: str | torch.device) -> "DrafterRing":
         c = config
         r = c.context_window + depth * c.block_size
-        shape = (num_slots + 1, r, c.num_key_value_heads, c.head_dim)
-        make = lambda: torch.zeros(shape, dtype=torch.bfloat16, device=device)  # noqa: E731
-        return cls([make() for _ in range(c.num_hidden_layers)],
-                   [make() for _ in range(c.num_hidden_layers)],
+        shape = (c.num_hidden_layers, 2, num_slots + 1, r, c.num_key_value_heads, c.head_dim)
+        return cls(torch.zeros(shape, dtype=torch.bfloat16, device=device),
                    torch.full((num_slots + 1, r), -1, dtype=torch.long, device=device))
 
     def clear(self, slot: int) -> None:
