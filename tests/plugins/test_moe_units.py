@@ -35,9 +35,9 @@ def test_work_list_rejects_bad_ids():
         moe_units(torch.zeros((0, 3), dtype=torch.int32))
 
 
-@pytest.mark.parametrize("programs", [1, 3, 64])
-@pytest.mark.parametrize("split", [1, 2])
-@pytest.mark.parametrize("M,shared", [(1, True), (3, False), (17, True), (33, True)])
+@pytest.mark.parametrize("programs,split,M,shared", [
+    (1, 1, 17, True), (3, 1, 33, True), (64, 1, 1, True), (64, 1, 3, False), (64, 1, 33, True),
+    (3, 2, 17, True), (64, 2, 3, False)])
 def test_compact_launch_gives_the_same_bits(interp, monkeypatch, programs, split, M, shared):
     """COMPACT_UNITS with 1, 3 or 64 programs per n-tile == one program per unit, bit for bit."""
     monkeypatch.setattr(me, "BLOCK_K", MOE_BLOCK_K)
