@@ -56,7 +56,7 @@ case "${PART:-}" in
   a)
     unpack carry-a
     step kernels 150 python3 bench/gpu_check.py --only norm,qknorm,fp8gemv,moe,splitk
-    step runtime 170 python3 bench/gpu_runtime.py --engines engines/gpu-small --out "$OUT" \
+    step runtime 230 python3 bench/gpu_runtime.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl
     step drafter 120 python3 bench/gpu_drafter.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl --only parity graphs round

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 _M32 = 0xFFFFFFFF
+# True: sampled rows go through the fused kernel plugins/gumbel_argmax.py (one launch instead of
+# about 50 on CUDA). Off until `python3 bench/gpu_check.py --only gumbel` passes on the H200.
+FUSED_SAMPLER = False
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     Greedy rows take argmax (ties to the lower id); sampled rows take
     argmax(filter(logits / T) + gumbel(seed, n)). Sampled rows cost one host-to-device upload
     (keys and per-row options together); the top-k / top-p filter (a sort) runs only when some
-    row asks for it.
+    row asks for it. With FUSED_SAMPLER the noise, the division by T and the argmax run as one
+    kernel (`kolibri_trt_plugins.gumbel_argmax`; its torch reference on CPU, the same bits).
     """
     logits = logits.float()
     out = torch.argmax(logits, dim=-1)
@@ -180,10 +184,20 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     keys, top_k, idx, fl = packed[:n], packed[n:2 * n], packed[2 * n:3 * n], packed[3 * n:]
     fl = fl.view(torch.float64).float()
     temp, top_p = fl[:n], fl[n:]
-    scaled = (logits if n == logits.shape[0] else logits[idx]) / temp[:, None]
-    if any(p.top_k > 0 or p.top_p < 1 for p in sel):
-        scaled = filter_logits(scaled, top_k, top_p)
-    chosen = torch.argmax(scaled + gumbel_noise_keyed(keys, logits.shape[-1]), dim=-1)
+    rows_l = logits if n == logits.shape[0] else logits[idx]
+    filtered = any(p.top_k > 0 or p.top_p < 1 for p in sel)
+    if FUSED_SAMPLER:
+        from kolibri_trt_plugins.gumbel_argmax import gumbel_argmax
+    if FUSED_SAMPLER and not filtered:
+        chosen = gumbel_argmax(rows_l, temp, keys)        # divides by T itself
+    elif FUSED_SAMPLER:
+        chosen = gumbel_argmax(filter_logits(rows_l / temp[:, None], top_k, top_p),
+                               torch.ones_like(temp), keys)   # x / 1 is exact
+    else:
+        scaled = rows_l / temp[:, None]
+        if filtered:
+            scaled = filter_logits(scaled, top_k, top_p)
+        chosen = torch.argmax(scaled + gumbel_noise_keyed(keys, logits.shape[-1]), dim=-1)
     if n == logits.shape[0]:
         return chosen
     out[idx] = chosen

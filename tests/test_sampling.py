@@ -113,3 +113,20 @@ def test_sample_is_argmax_of_filtered_logits_plus_keyed_noise(greedy_rows):
     unfiltered = [SamplingParams(temperature=0.9, seed=s) for s in range(4)]   # no sort needed
     assert torch.equal(sample(logits, unfiltered, pos), torch.stack(
         [sample(logits[i:i + 1], [unfiltered[i]], pos[i:i + 1])[0] for i in range(4)]))
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_fused_sampler_path_gives_the_same_tokens(monkeypatch, filtered):
+    """FUSED_SAMPLER routes sampled rows through the gumbel_argmax op (its torch reference on
+    CPU): the tokens equal the unfused path's, greedy rows untouched, with and without filters."""
+    from kolibri_trt import sampling
+    torch.manual_seed(2)
+    logits = torch.randn(5, 3000) * 2
+    extra = dict(top_k=50, top_p=0.9) if filtered else {}
+    params = [SamplingParams(temperature=0.6 + 0.2 * i, seed=40 + i, **extra) for i in range(4)]
+    params.insert(2, SamplingParams())
+    pos = [3, 9, 0, 2 ** 20, 77]
+    plain = sample(logits, params, pos)
+    monkeypatch.setattr(sampling, "FUSED_SAMPLER", True)
+    assert torch.equal(sample(logits, params, pos), plain)
+    assert torch.equal(sample(logits[1:2], params[1:2], pos[1:2]), plain[1:2])
