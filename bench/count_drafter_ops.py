@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", type=Path, help="engine folder (default: build the default)")
     p.add_argument("--weights", default="fp8-nvfp4", help="weights of the default build")
-    p.add_argument("--attn", default="dense", choices=("dense", "sdpa"))
+    p.add_argument("--attn", default="dense", choices=("dense", "sdpa", "kernel"))
     p.add_argument("--depth", type=int, nargs="+", default=[1])
     p.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     p.add_argument("--commit", type=int, default=8, help="context rows committed (all streams)")

@@ -17,7 +17,8 @@ block-FP8 body, NVFP4 head, context window 32). Checks (exit 1 if one fails):
 Timings: tokens/s of off, drafter and copy+drafter with the old proposer (reference modules)
 and the new one, at 1 and 8 streams; the round time of a release-shape drafter (H 2560, 20
 heads, context window 2048, draft vocab 60614; random weights quantized here) per (streams,
-ring rows) bucket, graphs vs eager, dense vs sdpa attention; one full `propose_batch` round
+ring rows) bucket, graphs vs eager, per attention impl (dense, sdpa, kernel: the
+ring_attention plugin); one full `propose_batch` round
 at the mini engine's drafter shape (checkpoints/kolibri-mini, random weights) with 1 and 8
 streams: wall ms, CUDA-event ms of the round, the device time of its graphs replayed back to
 back (wall - that = the host's share), `observe` ms per step, and the drafts readback (pinned
@@ -94,10 +95,10 @@ def check_parity(engine: Path, attn: str) -> None:
           f"difference {gap:.3g}")
 
 
-def check_graphs(engine: Path) -> None:
+def check_graphs(engine: Path, attn: str) -> None:
     """A round replayed twice == eager (bits); the drive with graphs == without (bits)."""
     m, _, dev_target = _targets(engine)
-    model = load_plugin_drafter(engine, m, dev_target, DEVICE[0])
+    model = load_plugin_drafter(engine, m, dev_target, DEVICE[0], attn=attn)
     use = DEVICE[0] != "cpu"
     runs = []
     for graphs in (use, False):
@@ -113,18 +114,19 @@ def check_graphs(engine: Path) -> None:
                 graph.replay()
                 again = (gd[:s].clone(), gl[:s].clone())
                 ed, el = runner._round_step(key[1], key[2])
-                check("round graph replayed twice == first replay, same bits",
+                check(f"{attn}: round graph replayed twice == first replay, same bits",
                       torch.equal(again[0], d) and torch.equal(again[1], lg))
-                check("round graph == the same padded round eager, same bits",
+                check(f"{attn}: round graph == the same padded round eager, same bits",
                       torch.equal(ed[:s], d) and torch.equal(el[:s], lg),
                       f"max |diff| {(el[:s] - lg).abs().max().item():.3g}")
         runs.append(rounds)
         if graphs:
-            check("graphs captured", len(prop.runner.graphs) > 0,
+            check(f"{attn}: graphs captured", len(prop.runner.graphs) > 0,
                   f"{len(prop.runner.graphs)} graphs: {sorted(prop.runner.graphs)}")
     same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                for a, b in zip(*runs))
-    check("drive with CUDA graphs == eager, same bits", same and len(runs[0]) == len(runs[1]))
+    check(f"{attn}: drive with CUDA graphs == eager, same bits",
+          same and len(runs[0]) == len(runs[1]))
 
 
 def _run(engine: Path, mode: str, streams: int, ids: list, params, new: bool, attn: str,
@@ -198,7 +200,7 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     ap.add_argument("--prompts-file", type=Path, default=PROMPTS / "spec_bench_question.jsonl")
-    ap.add_argument("--attn", nargs="+", default=["dense", "sdpa"])
+    ap.add_argument("--attn", nargs="+", default=["dense", "sdpa", "kernel"])
     ap.add_argument("--no-old", action="store_true", help="skip the old proposer's timings")
     ap.add_argument("--release-iters", type=int, default=50, help="0: skip the release shape")
     ap.add_argument("--round-iters", type=int, default=200,
@@ -210,7 +212,7 @@ def main() -> int:
     prompts = load_prompts(args.prompts_file, per_category=args.per_category)[:args.limit]
     engine = args.engines / "engine-fp8-nvfp4-fp8"
     steps = [(f"parity {a}", "parity", lambda a=a: check_parity(engine, a)) for a in args.attn]
-    steps.append(("graphs", "graphs", lambda: check_graphs(engine)))
+    steps += [(f"graphs {a}", "graphs", lambda a=a: check_graphs(engine, a)) for a in args.attn]
     if args.release_iters:
         steps.append(("release", "release",
                       lambda: release_shape_timing(args.attn, args.release_iters)))

@@ -94,8 +94,9 @@ def _position_order_attention(monkeypatch):
         rings[id(self)] = ring
         return real_propose(self, ring, *args, **kwargs)
 
-    def attend(self, q, kv, slots, visible, length):
+    def attend(self, q, kv, slots, mask, length):
         s, b, hq, d = q.shape
+        visible = mask.visible
         ring_k, ring_v = kv[0], kv[1]
         pos = rings[id(self)].pos
         out = torch.empty(s, b, hq, d)
@@ -121,10 +122,18 @@ def test_bf16_engine_bit_exact_with_reference_attention_order(engines, monkeypat
         assert torch.equal(d_ref, d_new) and torch.equal(l_ref, l_new)
 
 
-@pytest.mark.parametrize("attn", ["dense", "sdpa"])
+def test_unknown_attention_impl_is_an_error(engines):
+    m = Manifest.read(engines["bf16"])
+    target, _, _ = load_target(engines["bf16"], m, "cpu")
+    with pytest.raises(ValueError, match="^attn:"):
+        load_plugin_drafter(engines["bf16"], m, target, "cpu", attn="flash")
+
+
+@pytest.mark.parametrize("attn", ["dense", "sdpa", "kernel"])
 def test_fp8_engine_matches_reference_drafter_up_to_near_ties(engines, attn):
     """attn "sdpa" (`F.scaled_dot_product_attention` on bf16; on CPU its math runs in bf16):
-    measured 2026-12 111 / 112 equal, max |diff| 0.070, gap 0.0023."""
+    measured 2026-12 111 / 112 equal, max |diff| 0.070, gap 0.0023. attn "kernel" runs the
+    `ring_attention` plugin's CPU reference (the dense maths, positions tested in the op)."""
     ref, new = _proposers(engines["fp8-nvfp4"], 2, attn=attn)
     equal = total = 0
     worst = worst_gap = 0.0

@@ -50,9 +50,12 @@ rewritten with real rows before it runs (`commit`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from kolibri_trt_plugins import add_rms_norm
+from kolibri_trt_plugins import ring_attention as ring_attention_kernel
 
 from ..model import ops
 from .config import DrafterConfig
@@ -60,6 +63,17 @@ from .plugin_glue import apply_rope_rotation, ring_attention, rope_rotation, vis
 from .plugin_weights import (ATTN_IMPLS, BODY_FORMATS, HEAD_FORMATS, DrafterLayerWeights,
                              DrafterRing, PluginHead, PluginLinear)
 from .reference import DrafterTarget
+
+
+class RoundMask(NamedTuple):
+    """What a pass's attention needs to tell visible ring rows: visible bool [S, B, L]
+    (`visible_rows`; None for attn "kernel", which tests positions in the kernel), the ring's
+    positions int64 [slots + 1, R], anchors int64 [S] and block positions int64 [S, B]."""
+    visible: torch.Tensor | None
+    ring_pos: torch.Tensor
+    anchors: torch.Tensor
+    pos: torch.Tensor
+
 
 class DrafterPlugin:
     """The block drafter as the kernels run it. Build with
@@ -71,8 +85,10 @@ class DrafterPlugin:
     the stored bf16 values held in fp32; `__init__` keeps bf16 copies of the body and final
     gains (and of the tap gains) for the plugin norm (exact), the RoPE inverse frequencies
     (half of `ops.rope_inv_freq`) and the block offsets 0 .. B-1.
-    attn: "dense" (fp32 matmul + softmax over the ring, the default) or "sdpa"
-    (`F.scaled_dot_product_attention` on bf16 with a boolean mask).
+    attn: "dense" (fp32 matmul + softmax over the ring, the default), "sdpa"
+    (`F.scaled_dot_product_attention` on bf16 with a boolean mask) or "kernel" (the
+    `ring_attention` plugin: one Triton kernel per layer reading the ring in place, visibility
+    from the ring's positions; on CPU its torch reference, the dense maths).
     """
 
     def __init__(self, config: DrafterConfig, embed: torch.Tensor, draft_vocab: torch.Tensor,
@@ -229,10 +245,12 @@ class DrafterPlugin:
             rows = pos.remainder(ring.size)
             ring.pos[slots2, rows] = pos
             rope = rope_rotation(pos.view(-1), self.rope_inv_half)
-            visible = visible_rows(ring.pos, slots, anchors, pos, c.context_window, length)
+            visible = None if self.attn == "kernel" else visible_rows(
+                ring.pos, slots, anchors, pos, c.context_window, length)
+            seen = RoundMask(visible, ring.pos, anchors, pos)
             x = torch.cat([anchor_ctx[:, None], mask_rows[:, None].expand(s, b - 1, h)], 1)
             for i, w in enumerate(self.layers):
-                x = self._layer(ring, i, w, x, rope, slots2, rows, slots, visible, length)
+                x = self._layer(ring, i, w, x, rope, slots2, rows, slots, seen, length)
             cols = slice(r * b, (r + 1) * b)
             states = self._heads(x, drafts[:, cols], logits[:, cols], r < depth - 1)
             if r == depth - 1:
@@ -258,7 +276,7 @@ class DrafterPlugin:
         return new[:, -1], nxt[s * b:]
 
     def _layer(self, ring: DrafterRing, i: int, w: DrafterLayerWeights, x: torch.Tensor,
-               rope, slots2, rows, slots, visible, length: int) -> torch.Tensor:
+               rope, slots2, rows, slots, seen: RoundMask, length: int) -> torch.Tensor:
         """One body layer over the block rows x bf16 [S, B, H] (`DrafterLayer.forward`; x is
         this pass's own tensor: the spine adds into rows 1.. in place). Norms: the plugin's;
         the o_proj residual add is fused into the post norm."""
@@ -276,18 +294,22 @@ class DrafterPlugin:
         qk = qkv[:, :(hq + hkv) * d].view(s * b, hq + hkv, d)
         apply_rope_rotation(qk, rope, out=qk)                         # in place: q, k rotated
         ring.kv[i][:, slots2, rows] = qkv[:, hq * d:].view(s, b, 2, hkv, d).permute(2, 0, 1, 3, 4)
-        a = self._attend(qkv[:, :hq * d].view(s, b, hq, d), ring.kv[i], slots, visible, length)
+        a = self._attend(qkv[:, :hq * d].view(s, b, hq, d), ring.kv[i], slots, seen, length)
         xf, normed = self._norm(xf, post_norm, w.o_proj(a))        # xf + o_proj(a), norm
         gu = w.w13(normed)
         inter = gu.shape[1] // 2
         xf = xf + w.down(F.silu(gu[:, :inter]) * gu[:, inter:])
         return xf.view(s, b, h)
 
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, slots, visible: torch.Tensor,
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, slots, mask: RoundMask,
                 length: int) -> torch.Tensor:
         """q bf16 [S, B, Hq, D] over the ring rows of each stream's slot -> bf16 [S*B, Hq*D];
-        kv: the layer's ring [2, slots + 1, R, Hkv, D] (`plugin_glue.ring_attention`)."""
-        return ring_attention(q, kv, slots, visible, length, self.attn)
+        kv: the layer's ring [2, slots + 1, R, Hkv, D] (`plugin_glue.ring_attention`, or the
+        `ring_attention` plugin for attn "kernel": one launch)."""
+        if self.attn == "kernel":
+            return ring_attention_kernel(q, kv, mask.ring_pos, slots, mask.anchors, mask.pos,
+                                         self.config.context_window, length)
+        return ring_attention(q, kv, slots, mask.visible, length, self.attn)
 
     def _heads(self, x: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor,
                keep_states: bool) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ from .config import DrafterConfig
 BODY_FORMATS = ("block_fp8", "bf16")
 HEAD_FORMATS = ("nvfp4", "bf16")
 BLOCK = 64           # block-FP8 group (engine_format.BLOCK_FP8_GROUP)
-ATTN_IMPLS = ("dense", "sdpa")
+ATTN_IMPLS = ("dense", "sdpa", "kernel")   # DrafterPlugin's attn
 
 
 class PluginLinear:

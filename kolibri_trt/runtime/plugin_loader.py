@@ -145,7 +145,7 @@ def load_plugin_drafter(engine_dir: str | Path, manifest: Manifest, target,
                         device: str | torch.device, attn: str = "dense") -> DrafterPlugin:
     """The drafter of `engine_dir/drafter` as a `DrafterPlugin` on `device`, bound to the
     target's embedding (`target`: a `DrafterTarget`, e.g. from `load_plugin_target`, or a
-    `KolibriForCausalLM`); attn: "dense" | "sdpa" (the ring attention's implementation).
+    `KolibriForCausalLM`); attn: "dense" | "sdpa" | "kernel" (the ring attention's implementation).
 
     Raises:
         CheckpointError: no drafter in the engine, or bad files (names file / tensor).

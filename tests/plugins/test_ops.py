@@ -40,6 +40,10 @@ def op_cases():
                          T.randn((128,), g), torch.randn(3, 128), torch.randn(3, 128), 1e-6, True),
         "gumbel_argmax": (torch.randn(3, 70, generator=g), torch.rand(3, generator=g) + 0.5,
                           torch.tensor([0, 222, 2**32 - 1])),
+        "ring_attention": (T.randn((2, 4, 4, 64), g), T.randn((2, 4, 24, 2, 64), g),
+                           torch.arange(96).view(4, 24), torch.tensor([1, 3]),
+                           torch.tensor([5, 20]), torch.tensor([[5, 6, 7, 8], [20, 21, 22, 23]]),
+                           8, 24),
     }
 
 
