@@ -299,3 +299,15 @@ def test_engine_drafts_equal_old_proposer_on_bf16_engine(engines, monkeypatch):
             total += len(a[rid])
     print(f"engine drafts, dense ring attention vs old proposer: {same}/{total} equal")
     assert same >= 0.95 * total
+
+
+def test_engine_args_pick_the_drafter_attention(engines, off_tokens):
+    """EngineArgs.drafter_attention reaches the plugin drafter the engine builds ("kernel": the
+    ring_attention op, its torch reference on CPU); lossless; unknown values raise."""
+    llm = LLM(engines["fp8-nvfp4"], speculative="copy+drafter", model_impl="plugins",
+              max_num_batched_tokens=64, drafter_attention="kernel")
+    assert llm.engine.speculator.drafter.drafter.attn == "kernel"
+    for p, want in zip(LOSSLESS_PARAMS, off_tokens):
+        assert [o.token_ids for o in llm.generate(PROMPTS, p)] == want
+    with pytest.raises(ValueError, match="drafter_attention"):
+        LLM(engines["fp8-nvfp4"], speculative="drafter", drafter_attention="flash")

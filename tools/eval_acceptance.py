@@ -3,6 +3,7 @@
 
     python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
+        [--drafter-attention dense|sdpa|kernel]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
@@ -63,7 +64,8 @@ def prompt_ids(llm, prompt, template: str) -> list[int]:
 def run_mode(args, mode: str, prompts, temps) -> dict:
     """Generate every prompt (one stream) per temperature; timings and metrics per category."""
     llm = LLM(args.engine, speculative=mode, max_num_seqs=1, max_model_len=args.max_model_len,
-              device=args.device, drafter_depth=args.drafter_depth)
+              device=args.device, drafter_depth=args.drafter_depth,
+              drafter_attention=args.drafter_attention)
     out = {}
     for temp in temps:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=temp,
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--template", choices=("raw", "chat"), default="raw")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"],
+                    help="the drafter's ring attention on the kernel path (EngineArgs)")
     ap.add_argument("--drafter-depth", type=int, default=None,
                     help="drafter passes per round (default: the drafter's serving_defaults)")
     ap.add_argument("--prompts-dir", type=Path, default=PROMPTS,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
 from ..engine_format import TARGET_DIR
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
@@ -50,6 +51,9 @@ class EngineArgs:
     max_num_batched_tokens: int = 512
     num_speculative_tokens: int = 8      # draft tokens per stream and pass, at most
     drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
+    # the drafter's ring attention on the plugins path: "dense" | "sdpa" | "kernel" (one Triton
+    # kernel per layer, plugins/ring_attention.py)
+    drafter_attention: str = "dense"
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
@@ -63,6 +67,9 @@ class EngineArgs:
         if self.acceptance_method not in ACCEPTANCE_METHODS:
             raise ValueError(f"acceptance_method: must be one of {list(ACCEPTANCE_METHODS)}, "
                              f"got {self.acceptance_method!r}")
+        if self.drafter_attention not in DRAFTER_ATTENTION:
+            raise ValueError(f"drafter_attention: must be one of {list(DRAFTER_ATTENTION)}, got "
+                             f"{self.drafter_attention!r}")
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl: must be one of {list(MODEL_IMPLS)}, got "
                              f"{self.model_impl!r}")
@@ -158,7 +165,8 @@ class LLMEngine:
             return PluginDrafterProposer.load(
                 engine_dir, self.manifest, target, self.device, self.args.drafter_depth,
                 self.args.max_num_seqs,
-                use_graphs=self.device.type == "cuda" and not self.args.enforce_eager)
+                use_graphs=self.device.type == "cuda" and not self.args.enforce_eager,
+                attn=self.args.drafter_attention)
         drafter = load_drafter(engine_dir, self.manifest, target, self.device)
         depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
         return DrafterProposer(drafter, depth)
