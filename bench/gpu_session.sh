@@ -15,8 +15,9 @@
 #       sampler checked (graphs, batch invariance), then the MoE work list x tile widths sweep
 #       (~4 min).
 #                                                               carry: nothing
-#   PART=b bash bench/gpu_session.sh   speed (~6 min): full-size decode / verify / profile, the
-#       trained default's acceptance and tokens/s per speculative mode, a host/device profile.
+#   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
+#       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
+#       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
@@ -76,6 +77,9 @@ case "${PART:-}" in
     step acceptance 170 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
       --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
       --max-tokens 128 --json "$OUT/eval_h200.json"
+    step acceptance_opt 120 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+      --max-tokens 128 --drafter-attention kernel --fused-sampler --json "$OUT/eval_opt.json"
     step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;

@@ -3,7 +3,7 @@
 
     python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
-        [--drafter-attention dense|sdpa|kernel]
+        [--drafter-attention dense|sdpa|kernel] [--fused-sampler]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import gpu_env  # noqa: E402,F401
 import fast_drafter  # noqa: E402
 
-from kolibri_trt import LLM, SamplingParams  # noqa: E402
+from kolibri_trt import LLM, SamplingParams, sampling  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
@@ -170,12 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"],
                     help="the drafter's ring attention on the kernel path (EngineArgs)")
+    ap.add_argument("--fused-sampler", action="store_true",
+                    help="sample through the fused kernel (kolibri_trt.sampling.FUSED_SAMPLER)")
     ap.add_argument("--drafter-depth", type=int, default=None,
                     help="drafter passes per round (default: the drafter's serving_defaults)")
     ap.add_argument("--prompts-dir", type=Path, default=PROMPTS,
                     help="folder with spec_bench_question.jsonl and human_eval.jsonl.gz")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    sampling.FUSED_SAMPLER = args.fused_sampler
     prompts = load_eval_prompts(args)
     results = {m: run_mode(args, m, prompts, args.temperatures) for m in MODES}
     for m in MODES:
