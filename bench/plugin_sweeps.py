@@ -10,7 +10,7 @@ import statistics
 import plugin_timing as PT
 import torch
 from gpu_check import load_plugins
-from plugin_timing import DEV, E4M3, paged_tables, sets_for, time_calls
+from plugin_timing import DEV, E4M3, moe_weights, paged_tables, sets_for, time_calls
 
 load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
@@ -108,11 +108,7 @@ def sweep_moe(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
                    SPLIT_K_GATED=me.SPLIT_K_GATED, SPLIT_K_DOWN=me.SPLIT_K_DOWN, **me.TUNE)
     grid = (dict(BLOCK_N_GATED=[32], BLOCK_N_DOWN=[64], num_stages=[3]) if quick else
             dict(BLOCK_N_GATED=[16, 32], BLOCK_N_DOWN=[32, 64], num_stages=[3]))
-    wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
-           torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
-           torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
+    wts = moe_weights(E, H, inter)
     for M in ms:
         xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
         label = f"moe M={M}"
@@ -143,11 +139,7 @@ def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
                  BLOCK_N_DOWN=[64, 128], num_warps=[4], num_stages=[3]))
     current = dict(COMPACT_UNITS=me.COMPACT_UNITS, BLOCK_N_GATED=me.BLOCK_N_GATED,
                    BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
-    wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
-           torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
-           torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
+    wts = moe_weights(E, H, inter)
     for M in ms:
         xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
         label = f"moe tiles M={M}"

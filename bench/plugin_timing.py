@@ -73,3 +73,14 @@ def paged_tables(B, ctx, blk):
     nb = B * (ctx // blk)
     perm = torch.randperm(nb, device=DEV).int()
     return perm.view(B, ctx // blk).contiguous(), nb
+
+
+def moe_weights(E: int = 256, H: int = 2560, inter: int = 768) -> list[torch.Tensor]:
+    """Random MoE weights at full Kolibri-1 size in the plugin layout (router bf16 [E, H];
+    w13 e4m3 [E, 2I, H], scales [E]; w2 e4m3 [E, H, I], scales [E]; the shared expert's four
+    the same with E = 1): the argument list of moe_forward after x."""
+    return [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
+            torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
+            torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
+            torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
+            torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]

@@ -47,6 +47,7 @@ from plugin_timing import (  # noqa: F401
     E4M3,
     L2_FLUSH,
     ROWS,
+    moe_weights,
     paged_tables,
     report,
     sets_for,
@@ -209,11 +210,7 @@ def moe_stock(x, rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2, k):
 def bench_moe(quick):
     E, H, inter, k = 256, 2560, 768, 6
     per_expert = 3 * inter * H + 4
-    wts = [torch.randn((E, H), device=DEV).bfloat16() * 0.05,
-           torch.randn((E, 2 * inter, H), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
-           torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
-           torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
+    wts = moe_weights(E, H, inter)
     for M in (1, 4, 16, 64):
         xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
         distinct = statistics.mean(len(set(moe_route_ref(x, wts[0], k)[0].flatten().tolist())) for x in xs)

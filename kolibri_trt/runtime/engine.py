@@ -51,9 +51,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 512
     num_speculative_tokens: int = 8      # draft tokens per stream and pass, at most
     drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
-    # the drafter's ring attention on the plugins path: "dense" | "sdpa" | "kernel" (one Triton
-    # kernel per layer, plugins/ring_attention.py)
-    drafter_attention: str = "dense"
+    drafter_attention: str = "dense"     # plugins path: "dense" | "sdpa" | "kernel" (one kernel)
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
@@ -284,13 +282,10 @@ class LLMEngine:
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
                     extra: dict[str, list[int]]) -> dict[str, Verdict]:
-        """Verification of every sampling stream's drafts (`spec/verify.py`); logits hold
-        1 + k rows per stream of `seqs`, in order. Position-keyed streams are verified together
-        (`verify_batch`: one sampling call, one copy to the host). With acceptance_method
-        "rejection_sampler" and temperature > 0, drafts are accepted by speculative sampling:
-        both proposers draft deterministically (copy, drafter argmax), so q is one-hot and a
-        draft x is kept with probability p(x); randomness from a per-request generator seeded
-        with the request's seed (reproducible, independent of batching)."""
+        """Verdicts for every sampling stream of `seqs` (logits: 1 + k rows each, in order).
+        Position-keyed streams go through one `verify_batch` call (one host copy). With
+        "rejection_sampler" and T > 0: speculative sampling with a one-hot q (both proposers
+        draft deterministically), randomness from a generator seeded with the request's seed."""
         keyed, spans, out, row = [], [], {}, 0
         for seq in seqs:
             d = extra.get(seq.request_id, [])
