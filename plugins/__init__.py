@@ -19,6 +19,7 @@ Ops (module: public function):
     qk_norm_rope: qk_norm_rope                 per-head QK RMSNorm + RoPE (FP8-cache layers)
     gumbel_argmax: gumbel_argmax               position-keyed Gumbel-max sampling, one id per row
     ring_attention: ring_attention             the block drafter's ring attention (one launch)
+    rope_ring_write: rope_ring_write           the drafter's q/k RoPE + K/V ring write (one launch)
 """
 
 from .add_rms_norm import add_rms_norm
@@ -34,9 +35,11 @@ from .nvfp4_gemv import nvfp4_gemv
 from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_int4
 from .qk_norm_rope import qk_norm_rope
 from .ring_attention import ring_attention
+from .rope_ring_write import rope_ring_write
 
 __all__ = [
     "add_rms_norm", "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
     "gumbel_argmax", "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv",
-    "qk_norm_fold_int4", "qk_norm_rope", "ring_attention", "fold_matrices", "hadamard_rotation",
+    "qk_norm_fold_int4", "qk_norm_rope", "ring_attention", "rope_ring_write",
+    "fold_matrices", "hadamard_rotation",
 ]

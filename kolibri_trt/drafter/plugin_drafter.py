@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from kolibri_trt_plugins import add_rms_norm
 from kolibri_trt_plugins import ring_attention as ring_attention_kernel
+from kolibri_trt_plugins import rope_ring_write
 
 from ..model import ops
 from .config import DrafterConfig
@@ -88,7 +89,9 @@ class DrafterPlugin:
     attn: "dense" (fp32 matmul + softmax over the ring, the default), "sdpa"
     (`F.scaled_dot_product_attention` on bf16 with a boolean mask) or "kernel" (the
     `ring_attention` plugin: one Triton kernel per layer reading the ring in place, visibility
-    from the ring's positions; on CPU its torch reference, the dense maths).
+    from the ring's positions; on CPU its torch reference, the dense maths; RoPE on q and k
+    plus the K/V ring write then go to the `rope_ring_write` plugin, one launch per layer,
+    the same bits as `apply_rope_rotation` + index_put).
     """
 
     def __init__(self, config: DrafterConfig, embed: torch.Tensor, draft_vocab: torch.Tensor,
@@ -196,6 +199,9 @@ class DrafterPlugin:
         n, hkv, d = rows_x.shape[0], c.num_key_value_heads, c.head_dim
         for i, w in enumerate(self.layers):
             kv = w.kv(self._norm(rows_x, self.gains[i][0])[1])             # [N, 2 Hkv D]
+            if self.attn == "kernel":          # the same bits in one launch (no q heads)
+                rope_ring_write(kv, rope, ring.kv[i], slots, rows, 0)
+                continue
             k = kv[:, :hkv * d].view(n, hkv, d)
             apply_rope_rotation(k, rope, out=k)
             kv = kv.view(n, 2, hkv, d).permute(1, 0, 2, 3)                 # [2, N, Hkv, D]
@@ -291,9 +297,13 @@ class DrafterPlugin:
             x[:, 1:].add_(delta.view(s, b - 1, h))
         xf = x.view(s * b, h)
         qkv = w.qkv(self._norm(xf, input_norm)[1])                   # [S*B, (Hq + 2 Hkv) D]
-        qk = qkv[:, :(hq + hkv) * d].view(s * b, hq + hkv, d)
-        apply_rope_rotation(qk, rope, out=qk)                         # in place: q, k rotated
-        ring.kv[i][:, slots2, rows] = qkv[:, hq * d:].view(s, b, 2, hkv, d).permute(2, 0, 1, 3, 4)
+        if self.attn == "kernel":      # q rotated in place, K (rotated) and V into the ring
+            rope_ring_write(qkv, rope, ring.kv[i], slots2, rows, hq)
+        else:
+            qk = qkv[:, :(hq + hkv) * d].view(s * b, hq + hkv, d)
+            apply_rope_rotation(qk, rope, out=qk)                     # in place: q, k rotated
+            ring.kv[i][:, slots2, rows] = qkv[:, hq * d:].view(s, b, 2, hkv, d).permute(
+                2, 0, 1, 3, 4)
         a = self._attend(qkv[:, :hq * d].view(s, b, hq, d), ring.kv[i], slots, seen, length)
         xf, normed = self._norm(xf, post_norm, w.o_proj(a))        # xf + o_proj(a), norm
         gu = w.w13(normed)

@@ -44,6 +44,9 @@ def op_cases():
                            torch.arange(96).view(4, 24), torch.tensor([1, 3]),
                            torch.tensor([5, 20]), torch.tensor([[5, 6, 7, 8], [20, 21, 22, 23]]),
                            8, 24),
+        "rope_ring_write": (T.randn((3, 8 * 64), g), torch.randn(3, 2, 2, 32, generator=g),
+                            T.randn((2, 4, 24, 2, 64), g), torch.tensor([1, 3, 3]),
+                            torch.tensor([0, 7, 23]), 4),
     }
 
 
