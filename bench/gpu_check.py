@@ -3,13 +3,15 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,moecompact,splitk,norm,qknorm,gumbel] [--log FILE]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,moecompact,splitk,norm,qknorm,gumbel,ringattn,ropering]
+        [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, fp8gemv, moe, moecompact, splitk) and gpu_check_misc.py (norm, qknorm, gumbel); the
+(nvfp4, fp8gemv, moe, moecompact, splitk), gpu_check_misc.py (norm, qknorm, gumbel) and
+gpu_check_drafter.py (ringattn, ropering); the
 shared state (RESULTS, DEV, GRAPHS), TOL and the record / graph helpers in gpu_check_base.py.
 They are all importable from here as before (``gpu_check.load_plugins``, ``.RESULTS``,
 ``.check_attention``, ...); ``gpu_check.DEV`` / ``.GRAPHS`` read the current values.
@@ -57,6 +59,7 @@ from gpu_check_gemm import (  # noqa: F401
     check_nvfp4,
     check_split_k,
 )
+from gpu_check_drafter import check_ring_attention, check_rope_ring_write
 from gpu_check_misc import (  # noqa: F401
     check_gumbel,
     check_norm,
@@ -90,6 +93,8 @@ SECTIONS = {
     "norm": check_norm,
     "qknorm": check_qk_norm_rope,
     "gumbel": check_gumbel,
+    "ringattn": check_ring_attention,
+    "ropering": check_rope_ring_write,
 }
 
 

@@ -11,8 +11,9 @@
 #   PART=c bash bench/gpu_session.sh   the split-K sweeps of fp8_gemv and the MoE expert GEMM
 #       (bench/plugins.py; picks SPLIT_K per layer shape; ~5-8 min, mostly compilation).
 #                                                               carry: nothing
-#   PART=d bash bench/gpu_session.sh   the MoE work list (COMPACT_UNITS) and the fused Gumbel-max
-#       sampler checked (graphs, batch invariance), then the MoE work list x tile widths sweep
+#   PART=d bash bench/gpu_session.sh   the MoE work list (COMPACT_UNITS), the fused Gumbel-max
+#       sampler and the drafter's ring-attention / RoPE + ring-write kernels checked (graphs,
+#       batch invariance), then the MoE work list x tile widths sweep
 #       (~4 min).
 #                                                               carry: nothing
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
@@ -67,7 +68,7 @@ case "${PART:-}" in
     step splitk_moe 280 python3 bench/plugins.py --only splitk_moe
     ;;
   d)
-    step compact_gumbel 200 python3 bench/gpu_check.py --only moecompact,gumbel
+    step compact_gumbel 240 python3 bench/gpu_check.py --only moecompact,gumbel,ringattn,ropering
     step moe_tiles 330 python3 bench/plugins.py --only moe_tiles
     ;;
   b)
