@@ -51,6 +51,7 @@ from gpu_check_base import (  # noqa: F401
     record,
     same,
 )
+from gpu_check_drafter import check_ring_attention, check_rope_ring_write
 from gpu_check_gemm import (  # noqa: F401
     check_fp8gemv,
     check_gemv_invariance,
@@ -59,7 +60,6 @@ from gpu_check_gemm import (  # noqa: F401
     check_nvfp4,
     check_split_k,
 )
-from gpu_check_drafter import check_ring_attention, check_rope_ring_write
 from gpu_check_misc import (  # noqa: F401
     check_gumbel,
     check_norm,
