@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+from kolibri_trt_plugins.gumbel_argmax import gumbel_argmax, gumbel_noise_ref, mix32
 
 _M32 = 0xFFFFFFFF
 # True: sampled rows go through the fused kernel plugins/gumbel_argmax.py (one launch instead of
@@ -75,21 +76,8 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
-    """(a * b) mod 2**32 for int64 a in [0, 2**32), without overflowing int64."""
-    lo, hi = a & 0xFFFF, a >> 16
-    return (lo * b + (((hi * b) & 0xFFFF) << 16)) & _M32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (xorshift-multiply); int64 in, int64 in [0, 2**32) out."""
-    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
-    x = _mul32(x ^ (x >> 15), 0x846CA68B)
-    return x ^ (x >> 16)
-
-
 def _mix32_int(x: int) -> int:
-    """:func:`_mix32` on one Python int in [0, 2**32) (the same bits)."""
+    """`gumbel_argmax.mix32` on one Python int in [0, 2**32) (the same bits)."""
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
     x = ((x ^ (x >> 15)) * 0x846CA68B) & _M32
     return x ^ (x >> 16)
@@ -103,25 +91,10 @@ def row_key(seed: int, position: int) -> int:
     return _mix32_int(key ^ (position & _M32))
 
 
-_VOCAB_TERM: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """_mul32(token id, 0x9E3779B1) for every id: int64 [V], made once per (V, device)."""
-    k = (vocab_size, str(device))
-    if k not in _VOCAB_TERM:
-        v = torch.arange(vocab_size, device=device, dtype=torch.long)
-        _VOCAB_TERM[k] = _mul32(v, 0x9E3779B1)
-    return _VOCAB_TERM[k]
-
-
 def gumbel_noise_keyed(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise for rows with keys int64 [N] (:func:`row_key`): fp32 [N, V]."""
-    bits = _mix32(_vocab_term(vocab_size, keys.device)[None, :] ^ keys[:, None])
-    bits = _mix32(bits ^ 0x5BD1E995)
-    # 23 bits: b + 0.5 (b < 2**23) is exact in fp32, so u lies in [2**-24, 1 - 2**-24]: never 1.0
-    u = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
-    return -torch.log(-torch.log(u))
+    """Standard Gumbel noise for rows with keys int64 [N] (:func:`row_key`): fp32 [N, V].
+    The hash and noise are defined once, in `kolibri_trt_plugins.gumbel_argmax` (torch path)."""
+    return gumbel_noise_ref(keys, vocab_size)
 
 
 def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -132,9 +105,9 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     bit-identical wherever and with whatever batch it is computed (on one device type).
     """
     s = seeds.long()
-    key = _mix32((s & _M32) ^ 0x9E3779B9)
-    key = _mix32(key ^ ((s >> 32) & _M32))
-    key = _mix32(key ^ (positions.long() & _M32))
+    key = mix32((s & _M32) ^ 0x9E3779B9)
+    key = mix32(key ^ ((s >> 32) & _M32))
+    key = mix32(key ^ (positions.long() & _M32))
     return gumbel_noise_keyed(key, vocab_size)
 
 
@@ -186,8 +159,6 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     temp, top_p = fl[:n], fl[n:]
     rows_l = logits if n == logits.shape[0] else logits[idx]
     filtered = any(p.top_k > 0 or p.top_p < 1 for p in sel)
-    if FUSED_SAMPLER:
-        from kolibri_trt_plugins.gumbel_argmax import gumbel_argmax
     if FUSED_SAMPLER and not filtered:
         chosen = gumbel_argmax(rows_l, temp, keys)        # divides by T itself
     elif FUSED_SAMPLER:

@@ -1,9 +1,9 @@
 """Position-keyed Gumbel-max sampling in one kernel: one token id per row.
 
 Maths (the Gumbel-max trick: argmax_v(l_v + g_v) with g_v i.i.d. standard Gumbel draws a sample
-of softmax(l)). The noise is a pure hash of (row key, token id), the formula of
-kolibri_trt/sampling.py (gumbel_noise_keyed with _mix32 / _mul32 / _vocab_term), re-implemented
-here because plugins never import kolibri_trt. All hash arithmetic is on 32-bit unsigned words
+of softmax(l)). The noise is a pure hash of (row key, token id), defined here once: the torch
+functions below (mix32, gumbel_noise_ref) are what kolibri_trt/sampling.py samples with, and the
+kernel computes the same bits. All hash arithmetic is on 32-bit unsigned words
 (multiplies wrap mod 2**32; shifts are logical):
     mix32(x)  = x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16
     bits      = mix32(mix32((v * 0x9E3779B1) ^ key) ^ 0x5BD1E995)
@@ -30,7 +30,7 @@ _M32 = 0xFFFFFFFF
 # ---------------------------------------------------------------- Triton
 @jit
 def _mix32(x):
-    """The 32-bit finaliser of kolibri_trt/sampling.py (_mix32) on uint32 (wrapping)."""
+    """:func:`mix32` on uint32 (wrapping multiplies)."""
     x = (x ^ (x >> 16)) * 0x7FEB352D
     x = (x ^ (x >> 15)) * 0x846CA68B
     return x ^ (x >> 16)
@@ -90,30 +90,44 @@ def _noise_kernel(keys_ptr, bits_ptr, g_ptr, V, BLOCK: tl.constexpr):
 
 
 # ---------------------------------------------------------------- torch reference
-def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
-    """(a * b) mod 2**32 for int64 a in [0, 2**32) (kolibri_trt/sampling.py _mul32)."""
+# The one torch definition of the hash: kolibri_trt/sampling.py samples with these functions.
+def mul32(a: torch.Tensor, b: int) -> torch.Tensor:
+    """(a * b) mod 2**32 for int64 a in [0, 2**32), without overflowing int64."""
     lo, hi = a & 0xFFFF, a >> 16
     return (lo * b + (((hi * b) & 0xFFFF) << 16)) & _M32
 
 
-def _mix32_ref(x: torch.Tensor) -> torch.Tensor:
-    """kolibri_trt/sampling.py _mix32: int64 in [0, 2**32) in and out."""
-    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
-    x = _mul32(x ^ (x >> 15), 0x846CA68B)
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (xorshift-multiply); int64 in [0, 2**32) in and out."""
+    x = mul32(x ^ (x >> 16), 0x7FEB352D)
+    x = mul32(x ^ (x >> 15), 0x846CA68B)
     return x ^ (x >> 16)
+
+
+_VOCAB_TERM: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """mul32(token id, 0x9E3779B1) for every id: int64 [V], made once per (V, device)."""
+    k = (vocab_size, str(device))
+    if k not in _VOCAB_TERM:
+        v = torch.arange(vocab_size, device=device, dtype=torch.long)
+        _VOCAB_TERM[k] = mul32(v, 0x9E3779B1)
+    return _VOCAB_TERM[k]
 
 
 def gumbel_bits_ref(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The 32-bit hash of (key, token id) as int64 [N, V] in [0, 2**32); keys int64 [N] (only
     their low 32 bits are used)."""
-    v = torch.arange(vocab_size, device=keys.device, dtype=torch.long)
-    bits = _mix32_ref(_mul32(v, 0x9E3779B1)[None, :] ^ (keys & _M32)[:, None])
-    return _mix32_ref(bits ^ 0x5BD1E995)
+    bits = mix32(_vocab_term(vocab_size, keys.device)[None, :] ^ (keys & _M32)[:, None])
+    return mix32(bits ^ 0x5BD1E995)
 
 
 def gumbel_noise_ref(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """kolibri_trt/sampling.py gumbel_noise_keyed, line for line: fp32 [N, V] standard Gumbel."""
+    """Standard Gumbel noise keyed by the row keys int64 [N]: fp32 [N, V] (what
+    kolibri_trt.sampling.gumbel_noise_keyed returns)."""
     bits = gumbel_bits_ref(keys, vocab_size)
+    # 23 bits: b + 0.5 (b < 2**23) is exact in fp32, so u lies in [2**-24, 1 - 2**-24]: never 1.0
     u = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(u))
 
