@@ -3,14 +3,16 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,moe,moecompact,splitk,norm,qknorm,gumbel,ringattn,ropering]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,moecompact,
+        splitk,norm,qknorm,gumbel,ringattn,ropering,vocabargmax]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, fp8gemv, moe, moecompact, splitk), gpu_check_misc.py (norm, qknorm, gumbel) and
+(nvfp4, fp8gemv, fp8fused, moe, moecompact, splitk), gpu_check_misc.py (norm, qknorm, gumbel,
+vocabargmax) and
 gpu_check_drafter.py (ringattn, ropering); the
 shared state (RESULTS, DEV, GRAPHS), TOL and the record / graph helpers in gpu_check_base.py.
 They are all importable from here as before (``gpu_check.load_plugins``, ``.RESULTS``,
@@ -53,6 +55,7 @@ from gpu_check_base import (  # noqa: F401
 )
 from gpu_check_drafter import check_ring_attention, check_rope_ring_write
 from gpu_check_gemm import (  # noqa: F401
+    check_fp8fused,
     check_fp8gemv,
     check_gemv_invariance,
     check_moe,
@@ -63,6 +66,7 @@ from gpu_check_gemm import (  # noqa: F401
 from gpu_check_misc import (  # noqa: F401
     check_gumbel,
     check_norm,
+    check_vocab_argmax,
     check_qk_norm_rope,
     flip_frac,
     gumbel_case,
@@ -87,6 +91,7 @@ SECTIONS = {
     "int4_noasm": lambda g, small: check_int4_noasm(g, small),
     "nvfp4": check_nvfp4,
     "fp8gemv": check_fp8gemv,
+    "fp8fused": check_fp8fused,
     "moe": check_moe,
     "moecompact": check_moe_compact,
     "splitk": check_split_k,
@@ -95,6 +100,7 @@ SECTIONS = {
     "gumbel": check_gumbel,
     "ringattn": check_ring_attention,
     "ropering": check_rope_ring_write,
+    "vocabargmax": check_vocab_argmax,
 }
 
 

@@ -1,4 +1,5 @@
-"""gpu_check sections nvfp4, fp8gemv, moe, moecompact, splitk: the GEMV kernels (NVFP4, FP8) and
+"""gpu_check sections nvfp4, fp8gemv, fp8fused, moe, moecompact, splitk: the GEMV kernels (NVFP4,
+FP8; FP8 with its fused norm prologue / SwiGLU, silu, residual epilogues / row gather) and
 the MoE experts (per-unit launch, the compact work list, split-K) against their references,
 CUDA graph replay, batch invariance. Run through bench/gpu_check.py."""
 
@@ -8,7 +9,7 @@ import gpu_check_base as B
 import torch
 from gpu_check_base import TOL, check_graph, record
 from kolibri_trt_plugins import testing as T
-from kolibri_trt_plugins.fp8_gemv import fp8_gemv, fp8_gemv_ref
+from kolibri_trt_plugins.fp8_gemv import Fusion, fp8_gemv, fp8_gemv_ref
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref
 
@@ -51,6 +52,59 @@ def check_fp8gemv(g, small):
         x = T.randn((64, 2560), g, device=B.DEV)
         w = T.fp8_weight(2560, 2560, mode, g, device=B.DEV)
         check_gemv_invariance(f"fp8gemv {mode}", lambda xx: fp8_gemv(xx, *w), x)
+
+
+FUSED_CASES = [  # (name, Fusion keyword flags): what the drafter fuses around its linears
+    ("norm", dict(norm=1)), ("norm+swiglu", dict(norm=1, act="swiglu")),
+    ("silu", dict(act="silu")), ("residual", dict(residual=True)),
+    ("residual+silu", dict(residual=True, act="silu")), ("norm x3 segments", dict(norm=3)),
+    ("x_rows", dict(x_rows=True)), ("x_rows+norm+silu", dict(x_rows=True, norm=1, act="silu")),
+]
+
+
+def _fusion(opts, M, N, K, g):
+    """The Fusion of `opts` (flags -> tensors on B.DEV) for [M, K] inputs and N weight rows, and
+    the x the call takes (a 97-row table when the rows are gathered)."""
+    x = T.randn((97 if opts.get("x_rows") else M, K), g, device=B.DEV)
+    kw = {"act": opts.get("act", "none")}
+    if opts.get("norm"):
+        kw["norm"] = (1 + 0.5 * T.randn((K,), g).float()).to(torch.bfloat16).to(B.DEV)
+        kw["norm_segments"] = opts["norm"]
+    if opts.get("residual"):
+        kw["residual"] = T.randn((M, N), g, device=B.DEV)
+    if opts.get("x_rows"):
+        kw["x_rows"] = torch.randint(0, 97, (M,), generator=g).to(B.DEV)
+    return x, Fusion(**kw)
+
+
+def check_fp8fused(g, small):
+    """fp8_gemv's fused options (block-FP8, the drafter's format) vs the torch composition they
+    replace, over odd sizes, split-K 1 and 2, CUDA graphs replayed twice; batch invariance."""
+    import importlib
+    mod = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    shapes = [(1, 34, 64), (4, 1024, 256), (33, 66, 768)] if small else \
+        [(1, 34, 64), (4, 1024, 256), (4, 768, 768), (33, 66, 768), (64, 5120, 2560)]
+    saved = mod.SPLIT_K
+    try:
+        for split in (1, 2):
+            mod.SPLIT_K = split
+            for name, opts in FUSED_CASES:
+                for M, N, K in shapes:
+                    if K % opts.get("norm", 1):
+                        continue      # segments must divide K
+                    x, f = _fusion(opts, M, N, K, g)
+                    w = T.fp8_weight(N, K, "block", g, device=B.DEV)
+                    out = fp8_gemv(x, *w, **f._asdict())
+                    e = T.rel_err(out, fp8_gemv_ref(x, *w, f))
+                    msg = f"rel={e:.2e} " + check_graph(
+                        f"fp8fused {name}", lambda: fp8_gemv(x, *w, **f._asdict()), out)
+                    record(f"fp8fused {name} S={split} M={M} N={N} K={K}", e < TOL["gemv"], msg)
+    finally:
+        mod.SPLIT_K = saved
+    x, f = _fusion(dict(norm=1, act="swiglu"), 64, 1024, 256, g)
+    w = T.fp8_weight(1024, 256, "block", g, device=B.DEV)
+    check_gemv_invariance("fp8fused norm+swiglu",
+                          lambda xx: fp8_gemv(xx, *w, norm=f.norm, act="swiglu"), x)
 
 
 # ---------------------------------------------------------------- MoE

@@ -143,3 +143,25 @@ def check_fused_sampler(g, small):
         f = flip_frac(fused, plain)
         record(f"sample() FUSED_SAMPLER vs torch ops V={V} {extra or 'no filter'}",
                f <= GUMBEL_FLIP_FRAC, f"flips={f:.1e}")
+
+
+def check_vocab_argmax(g, small):
+    """vocab_argmax (the drafter heads' greedy pick) vs vocab[argmax], bf16 and fp32 scores with
+    ties, a NaN and an all -inf row, into a strided column; CUDA graphs replayed twice."""
+    from kolibri_trt_plugins.vocab_argmax import vocab_argmax, vocab_argmax_ref
+    sizes = [(1, 7), (4, 8192), (33, 300)] if small else [(1, 7), (4, 8192), (33, 32768),
+                                                          (64, 131072)]
+    for dtype in (torch.bfloat16, torch.float32):
+        for N, V in sizes:
+            logits = (torch.randint(-8, 8, (N, V), generator=g).float() / 4).to(dtype).to(B.DEV)
+            if N > 2:
+                logits[1] = float("-inf")
+                logits[2, V // 3] = float("nan")
+            vocab = torch.randperm(2 * V, generator=g)[:V].to(B.DEV)
+            drafts = torch.zeros((N, 4), dtype=torch.long, device=B.DEV)
+            out = vocab_argmax(logits, vocab, out=drafts[:, 1]).clone()
+            ok = torch.equal(out, vocab_argmax_ref(logits, vocab))
+            msg = check_graph(f"vocab_argmax {N}x{V}",
+                              lambda: vocab_argmax(logits, vocab, out=drafts[:, 1]), out)
+            record(f"vocab_argmax {str(dtype)[6:]} N={N} V={V}", ok, "exact " + msg)
+

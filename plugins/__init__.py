@@ -20,6 +20,7 @@ Ops (module: public function):
     gumbel_argmax: gumbel_argmax               position-keyed Gumbel-max sampling, one id per row
     ring_attention: ring_attention             the block drafter's ring attention (one launch)
     rope_ring_write: rope_ring_write           the drafter's q/k RoPE + K/V ring write (one launch)
+    vocab_argmax: vocab_argmax                 greedy pick over a draft vocabulary (the heads)
 """
 
 from .add_rms_norm import add_rms_norm
@@ -36,10 +37,11 @@ from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_in
 from .qk_norm_rope import qk_norm_rope
 from .ring_attention import ring_attention
 from .rope_ring_write import rope_ring_write
+from .vocab_argmax import vocab_argmax
 
 __all__ = [
     "add_rms_norm", "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
     "gumbel_argmax", "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv",
-    "qk_norm_fold_int4", "qk_norm_rope", "ring_attention", "rope_ring_write",
+    "qk_norm_fold_int4", "qk_norm_rope", "ring_attention", "rope_ring_write", "vocab_argmax",
     "fold_matrices", "hadamard_rotation",
 ]

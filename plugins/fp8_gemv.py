@@ -14,14 +14,29 @@ Split-K (``split_k_for``; default 1 = the single-pass kernel): program (n-tile, 
 K range s (plugins/_split_k.py) and stores fp32 partials [S, M, N] (block scales already applied
 in registers); ``_fp8_gemv_reduce_kernel`` sums them in the order s = 0..S-1, applies the
 per-tensor / per-channel scale and rounds to bf16. S is a function of (N, K) only.
+
+Fused prologue and epilogue (``fp8_gemv(..., norm=, act=, residual=)``, the drafter's glue;
+each step the bf16 torch op it replaces, fp32 inside, rounded to bf16 where torch rounds):
+- ``norm``: x is first RMS-normalised per row with a bf16 gain [K]
+  (``bf16((x·rsqrt(mean(x²) + eps))·gain)``, add_rms_norm's maths; the row's Σx² is walked in
+  BLOCK_K chunks, so its order is a function of K only);
+- ``residual``: y = bf16(y + r) (torch's bf16 add);
+- ``act="silu"``: y = bf16(y / (1 + exp(-y))) after the residual (F.silu on bf16);
+- ``act="swiglu"``: the weight's rows interleave gate and up (row 2i gate_i, 2i+1 up_i;
+  ``interleave_rows``) and y[:, i] = bf16(bf16(silu(g_i)) · u_i), [M, N/2] (F.silu(g) * u).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import NamedTuple
 
-from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
+import torch
+import torch.nn.functional as F
+
+from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._split_k import k_range, num_splits, sum_splits
+from ._gemv_fusion import _col_rstd, _row_rstd, _store_out, x_rows
+from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
 MAX_TILES = 4
@@ -38,11 +53,17 @@ MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 
 @jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K, sx_m, sr_m,
+                     s_ids, eps,
                      MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SUB_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
-                     DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
-    """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range."""
+                     DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
+                     NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
+                     X_ROWS: tl.constexpr = False):
+    """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
+    NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
+    the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
+    X_ROWS: x row ids[m] feeds output row m (`x_rows`)."""
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -58,6 +79,23 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
         k_hi = K
     else:
         k_lo, k_hi = k_range(K, tl.program_id(2), SPLIT, BLOCK_K)
+    rs0 = tl.zeros([ROWS, NORM_P], tl.float32)
+    rs1 = rs0
+    rs2 = rs0
+    rs3 = rs0
+    if NORM > 0:  # per row and segment rsqrt(mean(x²) + eps), whatever this program's K range
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            rs = _row_rstd(x_ptr, x_rows(ids_ptr, m, M, s_ids, X_ROWS), m < M, K, sx_m, eps,
+                           BLOCK_K, NORM, NORM_P)
+            if t == 0:
+                rs0 = rs
+            elif t == 1:
+                rs1 = rs
+            elif t == 2:
+                rs2 = rs
+            else:
+                rs3 = rs
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kx = k0 + tl.arange(0, BLOCK_K)
         kmask = kx < K
@@ -74,8 +112,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
         w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
         for t in tl.static_range(MT):
             m = m0 + t * ROWS + rows
-            xt = tl.load(x_ptr + m[:, None].to(tl.int64) * sx_m + kx[None, :],
+            xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
+            xt = tl.load(x_ptr + xr[:, None] * sx_m + kx[None, :],
                          mask=(m < M)[:, None] & kmask[None, :], other=0.0)
+            if NORM > 0:
+                rs = rs0 if t == 0 else (rs1 if t == 1 else (rs2 if t == 2 else rs3))
+                gk = tl.load(g_ptr + kx, mask=kmask, other=0.0).to(tl.float32)
+                rk = _col_rstd(rs, kx, K, NORM, NORM_P)
+                xt = ((xt.to(tl.float32) * rk) * gk[None, :]).to(tl.bfloat16)
             if DOT_F32:
                 xt = xt.to(tl.float32)
             if t == 0:
@@ -96,8 +140,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
         for t in tl.static_range(MT):
             m = m0 + t * ROWS + rows
             out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
-            tl.store(y_ptr + m[:, None].to(tl.int64) * N + n64[None, :],
-                     (out * scale).to(tl.bfloat16), mask=(m < M)[:, None] & nmask[None, :])
+            _store_out(y_ptr, r_ptr, out * scale, m, pid_n * BLOCK_N, M, N, sr_m, BLOCK_N, ACT,
+                       RES)
     else:  # unscaled fp32 partial of K range program_id(2)
         p_ptr = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         for t in tl.static_range(MT):
@@ -108,9 +152,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, sx_m,
 
 
 @jit
-def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, M, N, MODE: tl.constexpr, SPLIT: tl.constexpr,
-                            BLOCK: tl.constexpr):
-    """y[m, n] = bf16(scale · Σ_s p[s, m, n]), s = 0..SPLIT-1 in order; grid (M, N / BLOCK)."""
+def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.constexpr,
+                            SPLIT: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr = 0,
+                            RES: tl.constexpr = False):
+    """y[m, n] = bf16(scale · Σ_s p[s, m, n]), s = 0..SPLIT-1 in order, then the epilogue
+    (`_store_out`); grid (M, N / BLOCK)."""
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     nmask = n < N
     offs = tl.program_id(0).to(tl.int64) * N + n
@@ -121,7 +167,9 @@ def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, M, N, MODE: tl.constexpr, SPLIT
         scale = tl.load(s_ptr + n, mask=nmask, other=0.0)
     else:
         scale = 1.0
-    tl.store(y_ptr + offs, (out * scale).to(tl.bfloat16), mask=nmask)
+    m = tl.program_id(0) + tl.arange(0, 1)
+    _store_out(y_ptr, r_ptr, (out * scale)[None, :], m, tl.program_id(1) * BLOCK, M, N, sr_m,
+               BLOCK, ACT, RES)
 
 
 def fp8_dequantize_ref(weight, weight_scale) -> torch.Tensor:
@@ -135,21 +183,83 @@ def fp8_dequantize_ref(weight, weight_scale) -> torch.Tensor:
     return w * s.repeat_interleave(SUB_K, dim=1)[:, : w.shape[1]]
 
 
-def fp8_gemv_ref(x, weight, weight_scale) -> torch.Tensor:
-    """fp32 torch reference of :func:`fp8_gemv`; returns bf16 [M, N]."""
-    return (x.float() @ fp8_dequantize_ref(weight, weight_scale).T).to(torch.bfloat16)
+ACTS = ("none", "silu", "swiglu")   # the epilogue's activation, ACT = ACTS.index(act)
+MAX_NORM_SEGMENTS = 8                # norm_segments: unrolled per K step in the kernel
+
+
+class Fusion(NamedTuple):
+    """The fused glue of one call (`fp8_gemv`'s keyword arguments; all off by default)."""
+    norm: torch.Tensor | None = None       # bf16 [K] gain of the RMSNorm prologue
+    eps: float = 1e-6                      # its epsilon
+    act: str = "none"                      # one of ACTS
+    residual: torch.Tensor | None = None   # bf16 [M, N], added in the epilogue
+    norm_segments: int = 1                 # the norm per K / norm_segments-column segment
+    x_rows: torch.Tensor | None = None     # int64 [M]: output row m reads x row x_rows[m]
+
+    @property
+    def plain(self) -> bool:
+        return self.norm is None and self.act == "none" and self.residual is None \
+            and self.x_rows is None
+
+
+NO_FUSION = Fusion()
+
+
+def fp8_gemv_ref(x, weight, weight_scale, fusion: Fusion = NO_FUSION) -> torch.Tensor:
+    """fp32 torch reference of :func:`fp8_gemv`; returns bf16 [M, N] ([M, N/2] for swiglu): the
+    torch ops the fused options replace, in order (the row gather, add_rms_norm_ref per
+    segment, then side by side, the product, bf16 add, F.silu / F.silu(gate) * up)."""
+    f = fusion
+    if f.x_rows is not None:
+        x = x.index_select(0, f.x_rows)
+    if f.norm is not None:
+        seg = x.shape[1] // f.norm_segments
+        x = torch.cat([add_rms_norm_ref(x[:, i * seg:(i + 1) * seg], None,
+                                        f.norm[i * seg:(i + 1) * seg], f.eps)[1]
+                       for i in range(f.norm_segments)], 1)
+    y = (x.float() @ fp8_dequantize_ref(weight, weight_scale).T).to(torch.bfloat16)
+    if f.act == "swiglu":
+        return F.silu(y[:, 0::2]) * y[:, 1::2]
+    if f.residual is not None:
+        y = y + f.residual
+    return F.silu(y) if f.act == "silu" else y
+
+
+def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """[I, ...] gate and up rows (weights, or their per-row scales) -> [2I, ...] with row 2i
+    gate_i and row 2i + 1 up_i: the weight layout of ``act="swiglu"`` (exact: rows move)."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate/up: shapes {tuple(gate.shape)} and {tuple(up.shape)} differ")
+    return torch.stack([gate, up], 1).reshape(2 * gate.shape[0], *gate.shape[1:]).contiguous()
 
 
 @torch.library.custom_op(f"{NAMESPACE}::fp8_gemv", mutates_args=())
 def _fp8_gemv_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     if kernel_path(x, "fp8_gemv") == "ref":
         return fp8_gemv_ref(x, weight, weight_scale)
-    return _launch(x, weight, weight_scale, False)
+    return _launch(x, weight, weight_scale, NO_FUSION, False)
 
 
 @_fp8_gemv_op.register_fake
 def _(x, weight, weight_scale):
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fp8_gemv_fused", mutates_args=())
+def _fp8_gemv_fused_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       norm: torch.Tensor | None, eps: float, act: str,
+                       residual: torch.Tensor | None, norm_segments: int,
+                       x_rows: torch.Tensor | None) -> torch.Tensor:
+    f = Fusion(norm, eps, act, residual, norm_segments, x_rows)
+    if kernel_path(x, "fp8_gemv") == "ref":
+        return fp8_gemv_ref(x, weight, weight_scale, f)
+    return _launch(x, weight, weight_scale, f, False)
+
+
+@_fp8_gemv_fused_op.register_fake
+def _(x, weight, weight_scale, norm, eps, act, residual, norm_segments, x_rows):
+    n = weight.shape[0] // 2 if act == "swiglu" else weight.shape[0]
+    return x.new_empty((x.shape[0] if x_rows is None else x_rows.shape[0], n))
 
 
 def block_n_for(n: int) -> int:
@@ -176,49 +286,96 @@ def scale_mode(weight, weight_scale) -> int:
     return MODE_BLOCK
 
 
-def _launch(x, weight, weight_scale, interpret):
-    M, K = x.shape
+def _launch(x, weight, weight_scale, f: Fusion, interpret):
+    K = x.shape[1]
+    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
     N = weight.shape[0]
-    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    code = ACTS.index(f.act)
+    y = torch.empty((M, N // 2 if code == 2 else N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
     mt = min(MAX_TILES, cdiv(M, ROWS))
     bn = block_n_for(N)
-    mode = scale_mode(weight, weight_scale)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
     grid = (cdiv(N, bn), cdiv(M, ROWS * mt))
+    nseg = 0 if f.norm is None else f.norm_segments
+    # no FMA contraction when fused: the fused steps keep torch's separate roundings
+    extra = {} if f.plain else dict(enable_fp_fusion=False)
+    ids = x if f.x_rows is None else f.x_rows
+    r = x if f.residual is None else f.residual
+    args = (x, weight, weight_scale, None, x if f.norm is None else f.norm, r, ids, M, N, K,
+            x.stride(0), 0 if f.residual is None else f.residual.stride(0),
+            0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps))
+    meta = dict(MODE=scale_mode(weight, weight_scale), BLOCK_N=bn, BLOCK_K=BLOCK_K,
+                SUB_K=SUB_K, ROWS=ROWS, MT=mt, DOT_F32=interpret, NORM=nseg,
+                NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,
+                **extra, **TUNE)
     if split == 1:
-        launch(_fp8_gemv_kernel, grid, x, weight, weight_scale, y, M, N, K, x.stride(0),
-               MODE=mode, BLOCK_N=bn, BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=ROWS, MT=mt,
-               DOT_F32=interpret, interpret=interpret, **TUNE)
+        launch(_fp8_gemv_kernel, grid, *args[:3], y, *args[4:], ACT=code,
+               RES=f.residual is not None, **meta)
         return y
     part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-    launch(_fp8_gemv_kernel, grid + (split,), x, weight, weight_scale, part, M, N, K, x.stride(0),
-           MODE=mode, BLOCK_N=bn, BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=ROWS, MT=mt,
-           DOT_F32=interpret, SPLIT=split, interpret=interpret, **TUNE)
-    launch(_fp8_gemv_reduce_kernel, (M, cdiv(N, BLOCK_R)), part, weight_scale, y, M, N, MODE=mode,
-           SPLIT=split, BLOCK=BLOCK_R, num_warps=4, interpret=interpret)
+    launch(_fp8_gemv_kernel, grid + (split,), *args[:3], part, *args[4:], SPLIT=split, **meta)
+    launch(_fp8_gemv_reduce_kernel, (M, cdiv(N, BLOCK_R)), part, weight_scale, y, r, M, N,
+           args[11], MODE=meta["MODE"], SPLIT=split, BLOCK=BLOCK_R, ACT=code,
+           RES=f.residual is not None, num_warps=4, interpret=interpret, **extra)
     return y
 
 
-def fp8_gemv(x, weight, weight_scale, interpret: bool = False) -> torch.Tensor:
-    """y = x · (weight · scale)ᵀ for an e4m3 weight, small batches.
+def _check_fused(x, n, f: Fusion) -> None:
+    """The fused options' arguments (ValueError naming the bad one)."""
+    K = x.shape[1]
+    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
+    if f.act not in ACTS:
+        raise ValueError(f"act: must be one of {list(ACTS)}, got {f.act!r}")
+    if f.x_rows is not None:
+        check_tensor("x_rows", f.x_rows, torch.int64, (None,), x.device, contiguous=False)
+    if f.norm is not None:
+        check_tensor("norm", f.norm, torch.bfloat16, (K,), x.device)
+    ns = f.norm_segments
+    if not isinstance(ns, int) or not 1 <= ns <= MAX_NORM_SEGMENTS or K % ns:
+        raise ValueError(f"norm_segments: must divide K = {K}, 1..{MAX_NORM_SEGMENTS}, got "
+                         f"{ns!r}")
+    if f.act == "swiglu" and n % 2:
+        raise ValueError(f"act: swiglu needs an even number of weight rows, got {n}")
+    if f.residual is not None:
+        if f.act == "swiglu":
+            raise ValueError("residual: not supported with act='swiglu'")
+        check_tensor("residual", f.residual, torch.bfloat16, (M, n), x.device, contiguous=False)
+        if f.residual.stride(1) != 1:
+            raise ValueError(f"residual: last dim must have stride 1, strides "
+                             f"{f.residual.stride()}")
+
+
+def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps: float = 1e-6,
+             act: str = "none", residual=None, norm_segments: int = 1, x_rows=None
+             ) -> torch.Tensor:
+    """y = x · (weight · scale)ᵀ for an e4m3 weight, small batches, with optional fused glue.
 
     Args:
-        x: bf16 [M, K] (last dim stride 1; row stride free).
-        weight: float8_e4m3fn [N, K], contiguous.
+        x: bf16 [M, K] (last dim stride 1; row stride free); with x_rows, a table [V, K].
+        weight: float8_e4m3fn [N, K], contiguous (rows interleaved gate/up for swiglu:
+            `interleave_rows`).
         weight_scale: fp32, contiguous: one element (0-dim or [1]) = per tensor; [N] = per
             channel; [N, K/64] = block 1×64 (K % 64 == 0).
         interpret: run the Triton kernel in the interpreter on CPU tensors (tests only).
-    Returns: bf16 [M, N], fp32 accumulation.
-    Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
+        norm: bf16 [K] gain: x is RMS-normalised first (eps: its epsilon), as add_rms_norm;
+            with norm_segments S, each of the S segments of K/S columns over itself (the
+            drafter's taps: one norm per tap, side by side).
+        act: "none", "silu" (after the residual) or "swiglu" (output [M, N/2]).
+        residual: bf16 [M, N] (last dim stride 1) added to the product (not with swiglu).
+        x_rows: int64 [M] (any stride): output row m reads x row x_rows[m] (an embedding
+            lookup fused into the load; M = len(x_rows)).
+    Returns: bf16 [M, N] ([M, N/2] for swiglu), fp32 accumulation.
+    Raises: ValueError naming the argument on a wrong shape/dtype/device/stride or option;
         RuntimeError for CUDA tensors without Triton.
-    Source: shared/notes/modelopt.md (FP8 export), block-drafter.md §Serving quantisation.
+    Source: shared/notes/modelopt.md (FP8 export), block-drafter.md §Serving quantisation;
+    the fused steps: kolibri-1.md §Forward pass (RMSNorm, SwiGLU), the module docstring.
     """
     check_tensor("x", x, torch.bfloat16, (None, None), contiguous=False)
     if x.stride(1) != 1:
         raise ValueError(f"x: last dim must have stride 1, strides {x.stride()}")
-    M, K = x.shape
+    K = x.shape[1]
     check_tensor("weight", weight, torch.float8_e4m3fn, (None, K), x.device)
     N = weight.shape[0]
     check_tensor("weight_scale", weight_scale, torch.float32, None, x.device)
@@ -229,6 +386,10 @@ def fp8_gemv(x, weight, weight_scale, interpret: bool = False) -> torch.Tensor:
     elif weight_scale.numel() != 1 and tuple(weight_scale.shape) != (N,):
         raise ValueError(f"weight_scale: shape {tuple(weight_scale.shape)}, expected one element, "
                          f"[{N}] or [{N}, {K // SUB_K}]")
+    f = Fusion(norm, float(eps), act, residual, norm_segments, x_rows)
+    _check_fused(x, N, f)
     if interpret:
-        return _launch(x, weight, weight_scale, True)
-    return torch.ops.kolibri_plugins.fp8_gemv(x, weight, weight_scale)
+        return _launch(x, weight, weight_scale, f, True)
+    if f.plain:
+        return torch.ops.kolibri_plugins.fp8_gemv(x, weight, weight_scale)
+    return torch.ops.kolibri_plugins.fp8_gemv_fused(x, weight, weight_scale, *f)

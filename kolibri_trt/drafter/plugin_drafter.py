@@ -7,15 +7,17 @@ draft-vocabulary index, provisional context rows between passes. What changes is
 runs:
 
 - body linears in the engine's "block_fp8" format go to `fp8_gemv` with their [N, K/64]
-  scales (q/k/v fused into one QKV weight per layer, gate/up into one w13: block scales are
-  per output row, so the fusion is exact); a K that is not a multiple of 64 (tiny test
-  configs: ranks 16/32, intermediate 96) is padded with zero columns at load and the
+  scales (q/k/v fused into one QKV weight per layer, gate/up interleaved into one w13: block
+  scales are per output row, so the fusion is exact); a K that is not a multiple of 64 (tiny
+  test configs: ranks 16/32, intermediate 96) is padded with zero columns at load and the
   activation with zeros per call. The head slice in "nvfp4" goes to `nvfp4_gemv`. "bf16"
   groups (the exact-parity engine) run `ops.linear`, the reference's own product;
-- RMSNorms of bf16 rows go to the `add_rms_norm` plugin (`plugins/add_rms_norm.py`, one
-  kernel per norm, the residual add before the attention block's post norm and a sequential
-  head's final norm fused into it; the maths of `ops.rms_norm`), with bf16 copies of the gains
-  made once; `fuse_taps` runs one such norm per tap (a gain per tap). RoPE is a rotation
+- the glue around a linear is fused into its `fp8_gemv` call (`PluginLinear.__call__`): the
+  RMSNorm before qkv, the K/V of a commit, w13 and the spine's A (the norm prologue), the
+  residual adds after o_proj and down and of the predecessor's B term (the epilogue), SwiGLU
+  on w13 and silu on the spine's and predecessor's A. Norms not before a linear (taps, the
+  heads' final norm with its residual) go to the `add_rms_norm` plugin; the maths of
+  `ops.rms_norm` either way, bf16 copies of the gains made once. RoPE is a rotation
   table per step (`plugin_glue.rope_rotation`, the values of `ops.rope_cos_sin`) applied in
   two elementwise ops (`apply_rope_rotation`, bit for bit `ops.apply_rope`); the embedding
   is the target's, bf16; activations bf16 (the dequantizing CPU reference runs fp32
@@ -110,7 +112,7 @@ class DrafterPlugin:
         self.gains = [(_bf16(w.input_norm), _bf16(w.post_norm),
                        None if w.spine is None else _bf16(w.spine[0])) for w in self.layers]
         self.norm_bf16 = _bf16(norm)
-        self.tap_gains = [_bf16(g) for g in tap_norms]
+        self.tap_gain_cat = _bf16(tap_norms.reshape(-1))    # [n_taps * Ht]: tap t's gain at t
         # made once: the first half of `ops.rope_inv_freq` (it repeats it), block offsets 0..B-1
         self.rope_inv_half = ops.rope_inv_freq(config.head_dim, config.rope_theta,
                                                self.device)[:config.head_dim // 2].contiguous()
@@ -157,7 +159,7 @@ class DrafterPlugin:
                 input_norm=gain(pre + "input_layernorm.weight"),
                 post_norm=gain(pre + "post_attention_layernorm.weight"),
                 qkv=qkv, kv=qkv.rows(hq, hq + 2 * hkv), o_proj=lin(pre + "self_attn.o_proj"),
-                w13=PluginLinear.fused([lin(pre + "mlp.gate_proj"), lin(pre + "mlp.up_proj")]),
+                w13=PluginLinear.interleaved(lin(pre + "mlp.gate_proj"), lin(pre + "mlp.up_proj")),
                 down=lin(pre + "mlp.down_proj"), spine=spine))
         if head_fmt == "nvfp4":
             head = PluginHead("nvfp4", t["lm_head.weight"], t["lm_head.weight_scale"],
@@ -178,11 +180,12 @@ class DrafterPlugin:
         return F.embedding(ids, self.embed_tokens)
 
     def fuse_taps(self, taps: torch.Tensor) -> torch.Tensor:
-        """taps bf16 [N, n_taps, Ht] -> fused [N, H]: one plugin norm per tap (its own gain; a
-        row of `ops.rms_norm` bit for bit), the taps side by side, then `fuse`."""
-        eps = self.config.rms_norm_eps
-        normed = [add_rms_norm(taps[:, t], None, g, eps)[1] for t, g in enumerate(self.tap_gains)]
-        return self.fuse(torch.cat(normed, -1))
+        """taps bf16 [N, n_taps, Ht] -> fused [N, H]: one norm per tap (its own gain; a row of
+        `ops.rms_norm` bit for bit on CPU), the taps side by side, then `fuse`: one `fp8_gemv`
+        launch (its norm prologue over n_taps segments)."""
+        n, k, ht = taps.shape
+        return self.fuse(taps.reshape(n, k * ht), norm=self.tap_gain_cat,
+                         eps=self.config.rms_norm_eps, norm_segments=k)
 
     def _norm(self, x: torch.Tensor, gain: torch.Tensor, residual: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +201,7 @@ class DrafterPlugin:
         c = self.config
         n, hkv, d = rows_x.shape[0], c.num_key_value_heads, c.head_dim
         for i, w in enumerate(self.layers):
-            kv = w.kv(self._norm(rows_x, self.gains[i][0])[1])             # [N, 2 Hkv D]
+            kv = w.kv(rows_x, norm=self.gains[i][0], eps=c.rms_norm_eps)    # [N, 2 Hkv D]
             if self.attn == "kernel":          # the same bits in one launch (no q heads)
                 rope_ring_write(kv, rope, ring.kv[i], slots, rows, 0)
                 continue
@@ -290,13 +293,14 @@ class DrafterPlugin:
         s, b, h = x.shape
         d, (input_norm, post_norm, spine_norm) = c.head_dim, self.gains[i]
         hq, hkv = c.num_attention_heads, c.num_key_value_heads
+        eps = c.rms_norm_eps
         if w.spine is not None and b > 1:
             _, a, u = w.spine
             prev = x[:, :-1].reshape(s * (b - 1), h)
-            delta = u(F.silu(a(self._norm(prev, spine_norm)[1])))
+            delta = u(a(prev, norm=spine_norm, eps=eps, act="silu"))
             x[:, 1:].add_(delta.view(s, b - 1, h))
         xf = x.view(s * b, h)
-        qkv = w.qkv(self._norm(xf, input_norm)[1])                   # [S*B, (Hq + 2 Hkv) D]
+        qkv = w.qkv(xf, norm=input_norm, eps=eps)                    # [S*B, (Hq + 2 Hkv) D]
         if self.attn == "kernel":      # q rotated in place, K (rotated) and V into the ring
             rope_ring_write(qkv, rope, ring.kv[i], slots2, rows, hq)
         else:
@@ -305,10 +309,8 @@ class DrafterPlugin:
             ring.kv[i][:, slots2, rows] = qkv[:, hq * d:].view(s, b, 2, hkv, d).permute(
                 2, 0, 1, 3, 4)
         a = self._attend(qkv[:, :hq * d].view(s, b, hq, d), ring.kv[i], slots, seen, length)
-        xf, normed = self._norm(xf, post_norm, w.o_proj(a))        # xf + o_proj(a), norm
-        gu = w.w13(normed)
-        inter = gu.shape[1] // 2
-        xf = xf + w.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+        xf = w.o_proj(a, residual=xf)                               # xf + o_proj(a)
+        xf = w.down(w.w13(xf, norm=post_norm, eps=eps, act="swiglu"), residual=xf)
         return xf.view(s, b, h)
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, slots, mask: RoundMask,
@@ -331,7 +333,8 @@ class DrafterPlugin:
         states = []
         for j in range(x.shape[1]):
             xj = x[:, j]                                   # [S, H] view, row stride B*H
-            res = None if j == 0 else u(F.silu(a(xj) + bm(self.embed(drafts[:, j - 1]))))
+            res = None if j == 0 else u(a(xj, act="silu", residual=bm(
+                self.embed_tokens, x_rows=drafts[:, j - 1])))    # B·E[d_{j-1}]: one launch
             g, normed = self._norm(xj, self.norm_bf16, res)   # g = xj + res (xj without)
             self.head.into(normed, logits[:, j])
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index

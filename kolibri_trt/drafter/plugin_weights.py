@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kolibri_trt_plugins import fp8_gemv, nvfp4_gemv
+from kolibri_trt_plugins import add_rms_norm, fp8_gemv, nvfp4_gemv
+from kolibri_trt_plugins.fp8_gemv import interleave_rows
 
 from ..model import ops
 from .config import DrafterConfig
@@ -58,12 +59,46 @@ class PluginLinear:
         out.scale = None if self.scale is None else self.scale[lo:hi]
         return out
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-6,
+                 act: str = "none", residual: torch.Tensor | None = None,
+                 norm_segments: int = 1, x_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """y for x bf16 [M, K] with `fp8_gemv`'s fused glue: x_rows (int64 [M]: x is a table
+        and row m reads x[x_rows[m]], an embedding lookup), norm (bf16 gain [K], RMSNorm of x
+        first, add_rms_norm's maths; per K/norm_segments-column segment), residual (bf16
+        [M, N], added), act ("silu" after the residual; "swiglu" for an `interleaved` gate/up
+        linear: [M, N/2]). "bf16" and padded linears run the same steps as separate ops."""
+        if self.fmt == "block_fp8" and not self.pad:
+            return fp8_gemv(x, self.weight, self.scale, norm=norm, eps=eps, act=act,
+                            residual=residual, norm_segments=norm_segments, x_rows=x_rows)
+        if x_rows is not None:
+            x = F.embedding(x_rows, x)
+        if norm is not None:
+            seg = x.shape[1] // norm_segments
+            x = torch.cat([add_rms_norm(x[:, i * seg:(i + 1) * seg], None,
+                                        norm[i * seg:(i + 1) * seg], eps)[1]
+                           for i in range(norm_segments)], 1)
         if self.fmt == "bf16":
-            return ops.linear(x, self.weight)
-        if self.pad:
-            x = F.pad(x, (0, self.pad))
-        return fp8_gemv(x, self.weight, self.scale)
+            y = ops.linear(x, self.weight)
+        else:
+            y = fp8_gemv(F.pad(x, (0, self.pad)), self.weight, self.scale)
+        if act == "swiglu":
+            return F.silu(y[:, 0::2]) * y[:, 1::2]
+        y = y if residual is None else y + residual
+        return F.silu(y) if act == "silu" else y
+
+    @staticmethod
+    def interleaved(gate: "PluginLinear", up: "PluginLinear") -> "PluginLinear":
+        """gate and up (same shape and format) as one linear with rows interleaved (row 2i
+        gate_i, 2i + 1 up_i; block scales likewise): the layout `act="swiglu"` reads."""
+        out = PluginLinear.__new__(PluginLinear)
+        out.fmt, out.k, out.pad = gate.fmt, gate.k, gate.pad
+        if gate.fmt == "bf16":
+            out.weight = interleave_rows(gate.weight, up.weight)
+        else:
+            out.weight = interleave_rows(gate.weight.view(torch.uint8),
+                                         up.weight.view(torch.uint8)).view(torch.float8_e4m3fn)
+        out.scale = None if gate.scale is None else interleave_rows(gate.scale, up.scale)
+        return out
 
     @staticmethod
     def fused(parts: list["PluginLinear"]) -> "PluginLinear":
@@ -119,7 +154,7 @@ class DrafterLayerWeights:
     qkv: PluginLinear                        # [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj rows
     kv: PluginLinear                         # the k_proj, v_proj rows of qkv (a view)
     o_proj: PluginLinear                     # [H, Hq D]
-    w13: PluginLinear                        # [2 I, H]: gate_proj rows then up_proj rows
+    w13: PluginLinear                        # [2 I, H]: gate_proj, up_proj rows interleaved
     down: PluginLinear                       # [H, I]
     spine: tuple[torch.Tensor, PluginLinear, PluginLinear] | None   # (norm fp32 [H], A, U)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kolibri_trt_plugins import testing as T
-from kolibri_trt_plugins.fp8_gemv import fp8_dequantize_ref, fp8_gemv, fp8_gemv_ref
+from kolibri_trt_plugins.fp8_gemv import Fusion, fp8_dequantize_ref, fp8_gemv, fp8_gemv_ref
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_dequantize_ref, nvfp4_gemv, nvfp4_gemv_ref
 
 INTERP_TOL = 1.5e-2  # bf16 output; the interpreter's bf16 store truncates; block-FP8 rounds w·s to bf16
@@ -78,3 +78,108 @@ def test_errors_name_the_argument():
         fp8_gemv(x, w8, torch.ones(3))
     with pytest.raises(ValueError, match="^x:"):
         fp8_gemv(x.t(), w8, s8)
+
+
+FUSED_TOL = 8e-3  # round-to-nearest casts (interp_rne); fp32 sum order moves a bf16 ulp (2^-8)
+FUSED = [dict(norm=True), dict(act="silu"), dict(act="swiglu"), dict(residual=True),
+         dict(residual=True, act="silu"), dict(norm=True, act="swiglu"),
+         dict(norm=True, residual=True)]
+
+
+def _fused_args(opts, M, N, K, g):
+    """The fused keyword arguments of `opts` (True -> a tensor) for an [M, K] x, N weight rows."""
+    out = {"act": opts.get("act", "none")}
+    if opts.get("norm"):
+        out["norm"] = (1 + 0.5 * T.randn((K,), g).float()).to(torch.bfloat16)
+    if opts.get("residual"):
+        out["residual"] = T.randn((M, N), g)
+    return out
+
+
+@pytest.mark.parametrize("opts", FUSED, ids=lambda o: "+".join(sorted(o)) + "-" + o.get("act", ""))
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("M,N,K", [(1, 34, 64), (3, 18, 320), (33, 66, 256)])
+def test_fp8_fused_interpreter(interp_rne, monkeypatch, opts, split, M, N, K):
+    """norm prologue, residual / silu / swiglu epilogues, also through the split-K reduce."""
+    import importlib
+    mod = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    monkeypatch.setattr(mod, "SPLIT_K", split)
+    g = T.gen(M * 100 + N + K + split)
+    x = T.randn((M, K), g)
+    w = T.fp8_weight(N, K, "block", g)
+    kw = _fused_args(opts, M, N, K, g)
+    got = fp8_gemv(x, *w, interpret=True, **kw)
+    want = fp8_gemv_ref(x, *w, Fusion(**kw))
+    assert got.shape == want.shape == (M, N // 2 if kw["act"] == "swiglu" else N)
+    assert T.rel_err(got, want) < FUSED_TOL
+
+
+@pytest.mark.parametrize("segs,K", [(3, 192), (3, 768), (2, 320)])
+@pytest.mark.parametrize("split", [1, 2])
+def test_fp8_segment_norm_interpreter(interp_rne, monkeypatch, segs, K, split):
+    """norm_segments: each K/S-column segment normalised over itself (the drafter's taps),
+    segments inside one K step (192: 3 x 64) and across steps (768: 3 x 256)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("kolibri_trt_plugins.fp8_gemv"), "SPLIT_K", split)
+    g = T.gen(K + segs)
+    x = T.randn((5, K), g) * torch.linspace(0.1, 4.0, K).to(torch.bfloat16)  # segments differ
+    w = T.fp8_weight(24, K, "block", g)
+    gain = (1 + 0.5 * T.randn((K,), g).float()).to(torch.bfloat16)
+    got = fp8_gemv(x, *w, interpret=True, norm=gain, norm_segments=segs)
+    want = fp8_gemv_ref(x, *w, Fusion(norm=gain, norm_segments=segs))
+    assert T.rel_err(got, want) < FUSED_TOL
+    whole = fp8_gemv_ref(x, *w, Fusion(norm=gain))  # one norm over all of K: a different result
+    assert T.rel_err(whole, want) > 10 * FUSED_TOL
+
+
+@pytest.mark.parametrize("opts", [{}, dict(norm=True, act="silu")])
+def test_fp8_x_rows_gather_interpreter(interp_rne, opts):
+    """x_rows: output row m reads table row ids[m] (strided ids, repeats, M > table rows)."""
+    g = T.gen(11)
+    table = T.randn((7, 128), g)
+    ids = torch.tensor([[3, 0], [3, 1], [6, 2], [0, 5], [6, 6], [2, 1], [1, 4], [5, 3],
+                        [4, 0]])[:, 0]                       # stride 2
+    w = T.fp8_weight(40, 128, "block", g)
+    kw = _fused_args(opts, len(ids), 40, 128, g)
+    got = fp8_gemv(table, *w, interpret=True, x_rows=ids, **kw)
+    want = fp8_gemv_ref(table.index_select(0, ids), *w, Fusion(**kw))
+    assert got.shape == (9, 40) and T.rel_err(got, want) < FUSED_TOL
+    assert torch.equal(fp8_gemv(table, *w, x_rows=ids, **kw), want)   # the CPU path
+
+
+def test_fp8_fused_ref_is_the_torch_composition():
+    """The reference (the CPU path) is exactly the ops it replaces: add_rms_norm_ref, the
+    product, bf16 add, F.silu / F.silu(gate) * up over interleaved rows."""
+    from kolibri_trt_plugins.add_rms_norm import add_rms_norm_ref
+    from kolibri_trt_plugins.fp8_gemv import interleave_rows
+    g = T.gen(5)
+    x, r = T.randn((4, 128), g), T.randn((4, 16), g)
+    gain = T.randn((128,), g)
+    wg, sg = T.fp8_weight(16, 128, "block", g)
+    wu, su = T.fp8_weight(16, 128, "block", g)
+    normed = add_rms_norm_ref(x, None, gain, 1e-6)[1]
+    assert torch.equal(fp8_gemv(x, wg, sg, norm=gain, residual=r, act="silu"),
+                       torch.nn.functional.silu(fp8_gemv_ref(normed, wg, sg) + r))
+    w13 = interleave_rows(wg.view(torch.uint8), wu.view(torch.uint8)).view(torch.float8_e4m3fn)
+    got = fp8_gemv(x, w13, interleave_rows(sg, su), act="swiglu")
+    assert torch.equal(got, torch.nn.functional.silu(fp8_gemv(x, wg, sg)) * fp8_gemv(x, wu, su))
+
+
+def test_fp8_fused_errors_name_the_argument():
+    g = T.gen(3)
+    x = T.randn((2, 64), g)
+    w8, s8 = T.fp8_weight(8, 64, "tensor", g)
+    with pytest.raises(ValueError, match="^act:"):
+        fp8_gemv(x, w8, s8, act="gelu")
+    with pytest.raises(ValueError, match="^norm:"):
+        fp8_gemv(x, w8, s8, norm=torch.ones(64))
+    with pytest.raises(ValueError, match="^residual:"):
+        fp8_gemv(x, w8, s8, residual=T.randn((2, 9), g))
+    with pytest.raises(ValueError, match="^residual:"):
+        fp8_gemv(x, w8, s8, residual=T.randn((2, 4), g), act="swiglu")
+    with pytest.raises(ValueError, match="^act:"):
+        fp8_gemv(x, T.fp8_weight(7, 64, "tensor", g)[0], s8, act="swiglu")
+    with pytest.raises(ValueError, match="^x_rows:"):
+        fp8_gemv(x, w8, s8, x_rows=torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^norm_segments:"):
+        fp8_gemv(x, w8, s8, norm=T.randn((64,), g), norm_segments=3)

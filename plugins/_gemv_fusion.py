@@ -1,0 +1,85 @@
+"""The fused prologue and epilogue of the GEMV kernels (fp8_gemv): the drafter's glue around a
+linear, done in the linear's own program (plugins/fp8_gemv.py's docstring gives the maths).
+
+- `_row_rstd` / `_col_rstd`: per row (and per segment of K) rsqrt(mean(x²) + eps), the RMSNorm
+  applied to x as it is loaded (add_rms_norm's maths: fp32 Σx² in a fixed order, times 1/len);
+- `_store_out`: bf16 rounding of the product, then SwiGLU over interleaved gate/up columns, or
+  a residual add and silu, each rounded to bf16 where the torch op it replaces rounds.
+"""
+
+from __future__ import annotations
+
+from ._common import jit, tl
+
+
+@jit
+def x_rows(ids_ptr, m, M, s_ids, X_ROWS: tl.constexpr):
+    """int64 [R]: the x row read for output rows m [R]: ids[m] (a gather, e.g. embedding rows
+    by token id; stride s_ids) with X_ROWS, else m itself."""
+    if X_ROWS:
+        return tl.load(ids_ptr + m.to(tl.int64) * s_ids, mask=m < M, other=0).to(tl.int64)
+    return m.to(tl.int64)
+
+
+@jit
+def _row_rstd(x_ptr, xr, valid, K, sx_m, eps, BLOCK_K: tl.constexpr, NSEG: tl.constexpr,
+              NSEG_P: tl.constexpr):
+    """rsqrt(mean(x[xr, seg]²) + eps) fp32 [R, NSEG_P] for bf16 rows xr [R] (int64; valid:
+    bool [R]) and the NSEG segments of K / NSEG columns (Σ in BLOCK_K chunks, in order; the
+    mean as torch's: the fp32 sum times the fp32 factor 1 / (K / NSEG))."""
+    seg_len = K // NSEG
+    seg = tl.arange(0, NSEG_P)
+    ss = tl.zeros([xr.shape[0], NSEG_P], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + xr[:, None] * sx_m + kx[None, :],
+                     mask=valid[:, None] & (kx < K)[None, :], other=0.0).to(tl.float32)
+        sq = xt * xt
+        if NSEG == 1:
+            ss += tl.sum(sq, 1)[:, None]
+        else:
+            for s in tl.static_range(NSEG):
+                part = tl.sum(tl.where((kx // seg_len == s)[None, :], sq, 0.0), 1)
+                ss += tl.where((seg == s)[None, :], part[:, None], 0.0)
+    return tl.math.rsqrt(ss * (1.0 / seg_len) + eps)
+
+
+@jit
+def _col_rstd(rs, kx, K, NSEG: tl.constexpr, NSEG_P: tl.constexpr):
+    """The rstd of each (row, column kx): rs [R, NSEG_P] (`_row_rstd`) -> fp32 [R, BLOCK_K]
+    (column kx lies in segment kx // (K / NSEG))."""
+    if NSEG == 1:
+        return tl.sum(rs, 1)[:, None] + tl.zeros([1, kx.shape[0]], tl.float32)
+    seg = tl.arange(0, NSEG_P)
+    out = tl.zeros([rs.shape[0], kx.shape[0]], tl.float32)
+    for s in tl.static_range(NSEG):
+        col = tl.sum(tl.where((seg == s)[None, :], rs, 0.0), 1)
+        out += tl.where((kx // (K // NSEG) == s)[None, :], col[:, None], 0.0)
+    return out
+
+
+@jit
+def _store_out(y_ptr, r_ptr, out, m, c0, M, N, sr_m, C: tl.constexpr, ACT: tl.constexpr,
+               RES: tl.constexpr):
+    """Store fp32 out [R, C] (scaled; weight rows c0 .. c0 + C - 1 of N, rows m [R]) as bf16:
+    ACT 2 (swiglu) pairs columns (gate, up) into output columns c0/2 .. of N/2; RES adds bf16
+    r [M, ·] (row stride sr_m); ACT 1 applies silu after it."""
+    yb = out.to(tl.bfloat16)
+    if ACT == 2:
+        g, u = tl.split(tl.reshape(yb, (out.shape[0], C // 2, 2)))
+        gf = g.to(tl.float32)
+        gs = (gf / (1.0 + tl.exp(-gf))).to(tl.bfloat16)
+        yb = (gs.to(tl.float32) * u.to(tl.float32)).to(tl.bfloat16)
+        cols = c0 // 2 + tl.arange(0, C // 2)
+        n_out = N // 2
+    else:
+        cols = c0 + tl.arange(0, C)
+        n_out = N
+    mask = (m < M)[:, None] & (cols < n_out)[None, :]
+    if RES:
+        r = tl.load(r_ptr + m[:, None].to(tl.int64) * sr_m + cols[None, :], mask=mask, other=0.0)
+        yb = (yb.to(tl.float32) + r.to(tl.float32)).to(tl.bfloat16)
+    if ACT == 1:
+        yf = yb.to(tl.float32)
+        yb = (yf / (1.0 + tl.exp(-yf))).to(tl.bfloat16)
+    tl.store(y_ptr + m[:, None].to(tl.int64) * n_out + cols[None, :], yb, mask=mask)
