@@ -10,7 +10,8 @@ engine (`build.py --target h200`: the embedded kolibri-mini pair, --weights) bui
 temporary folder (about 12 s). `DrafterRunner` (no graphs) runs one real round first (the
 ring holds context rows, the static index buffers hold the round's inputs), then each of its
 two graphed steps, `_commit_step(N_b)` and `_round_step(S_b, L)` (exactly the code one CUDA
-graph each captures), is counted with `bench/count_step_ops.py`'s method and helpers:
+graph each captures; the round as serving runs it, without logits), is counted with
+`bench/count_step_ops.py`'s method and helpers:
 (a) kolibri_plugins op calls; (b) glue: outermost aten ops outside every plugin op, "launch"
 when they run a kernel on CUDA; (c) from a second pass on the simulated CUDA path
 (`count_step_ops.simulated_cuda_path`: every plugin takes its CUDA branch on CPU tensors and

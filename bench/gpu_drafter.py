@@ -113,7 +113,7 @@ def check_graphs(engine: Path, attn: str) -> None:
                 graph, (gd, gl) = runner.graphs[key]
                 graph.replay()
                 again = (gd[:s].clone(), gl[:s].clone())
-                ed, el = runner._round_step(key[1], key[2])
+                ed, el = runner._round_step(*key[1:])        # (S_b, L, logits)
                 check(f"{attn}: round graph replayed twice == first replay, same bits",
                       torch.equal(again[0], d) and torch.equal(again[1], lg))
                 check(f"{attn}: round graph == the same padded round eager, same bits",

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kolibri_trt.drafter.plugin_glue import (apply_rope_rotation, ring_attention, rope_rotation,
-                                             visible_rows)
+                                             rope_table, visible_rows)
 from kolibri_trt.model import ops
 
 
@@ -32,6 +32,20 @@ def test_rope_rotation_is_apply_rope_bit_for_bit(t, heads, d):
     assert torch.equal(apply_rope_rotation(x, m), want)
     apply_rope_rotation(x, m, out=x)                      # in place, as `_layer` runs it
     assert torch.equal(x, want)
+
+
+@pytest.mark.parametrize("d", [128, 64, 16])
+def test_rope_table_rows_are_rope_rotation_bit_for_bit(d):
+    """`rope_table` (made once) holds in row t the bits `rope_rotation` gives position t in a
+    step of any size."""
+    inv = ops.rope_inv_freq(d, 10000.0)[:d // 2].contiguous()
+    table = rope_table(4200, inv)
+    assert table.shape == (4200, 2, 2, d // 2) and table.dtype == torch.float32
+    g = torch.Generator().manual_seed(d)
+    for t in (1, 8, 37, 300):
+        pos = torch.randint(0, 4200, (t,), generator=g)
+        assert torch.equal(table.index_select(0, pos), rope_rotation(pos, inv))
+    assert torch.equal(table, rope_rotation(torch.arange(4200), inv))
 
 
 def test_visible_rows_matches_the_three_comparisons():

@@ -244,6 +244,40 @@ def test_padding_rows_and_streams_write_nothing(engines):
         assert st.kv_end == len(tokens[rid]) - 2
 
 
+def test_rounds_without_logits_give_the_same_drafts(engines):
+    """Serving rounds (`propose_batch`: no logits, the argmax reads the NVFP4 head's bf16
+    output) draft what rounds with logits (`propose_tensors`: the argmax of the fp32 copy)
+    do, bit for bit; their graph keys differ only in the logits flag."""
+    _, with_logits = _proposers(engines["fp8-nvfp4"], 2, attn="kernel")
+    _, serving = _proposers(engines["fp8-nvfp4"], 2, attn="kernel")
+
+    def via_batch(items):
+        out = serving.propose_batch(items)
+        return list(out), torch.tensor([out[r] for r in out]), None
+
+    serving.propose_tensors = via_batch
+    for (*_, d, lg), (*_, d2, lg2) in zip(drive(None, with_logits), drive(None, serving)):
+        assert lg is not None and lg2 is None and torch.equal(d, d2)
+    assert {k[3] for k in with_logits.runner.used if k[0] == "round"} == {True}
+    assert {k[3] for k in serving.runner.used if k[0] == "round"} == {False}
+
+
+def test_positions_beyond_the_rope_table_are_an_error(engines):
+    """The RoPE table holds positions < max_model_len + depth * B: a round reaching beyond
+    raises ValueError naming max_model_len (on the host, before anything runs)."""
+    _, new = _proposers(engines["bf16"], 2, max_model_len=16)
+    assert new.runner.max_positions == 16 + 2 * 4 and new.runner.rope.shape[0] >= 24
+    cfg = new.drafter.config
+    taps = torch.zeros(18, cfg.num_taps, cfg.target_hidden_size, dtype=torch.bfloat16)
+    new.observe("a", 0, taps[:17])
+    new.observe("b", 0, taps)
+    assert len(new.propose_batch([("a", list(range(18)))])["a"]) == 8   # up to 23: fine
+    used, last = set(new.runner.used), new.runner.last_key
+    with pytest.raises(ValueError, match="^max_model_len:"):
+        new.propose_batch([("b", list(range(19)))])          # anchor 17: up to 24
+    assert new.runner.used == used and new.runner.last_key == last      # nothing ran
+
+
 LOSSLESS_PARAMS = [SamplingParams(max_tokens=12, ignore_eos=True),
                    SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)]
 

@@ -26,7 +26,10 @@ runs:
   `bench/count_drafter_ops.py` counts them): q and k are rotated in place in the QKV
   product, so keys and values reach the ring in one write per layer (a commit: one per
   layer too), the drafts and logits are written into the round's outputs by the heads (no
-  stacking), constants (block offsets, the inverse frequencies) are made once;
+  stacking; without logits the argmax reads the head's own output), constants (the RoPE
+  table for every position the runner can reach, `rope_table`: a step gathers its rows) are
+  made once, and what depends only on positions (ring rows, each pass's anchors and
+  positions: `RoundIndex`) comes computed from the host (`DrafterRunner`);
 - context K/V live in static device buffers (`DrafterRing`, `plugin_weights.py`): per
   stream slot a ring of R = context_window + depth * B rows per layer, bf16
   [layers, 2 (K, V), slots + 1, R, Hkv, D], and the absolute position held by each ring row
@@ -52,30 +55,19 @@ rewritten with real rows before it runs (`commit`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from kolibri_trt_plugins import add_rms_norm
 from kolibri_trt_plugins import ring_attention as ring_attention_kernel
-from kolibri_trt_plugins import rope_ring_write
+from kolibri_trt_plugins import rope_ring_write, vocab_argmax
 
 from ..model import ops
 from .config import DrafterConfig
-from .plugin_glue import apply_rope_rotation, ring_attention, rope_rotation, visible_rows
+from .plugin_glue import (RoundIndex, RoundMask, apply_rope_rotation, ring_attention,
+                          rope_table, visible_rows)
 from .plugin_weights import (ATTN_IMPLS, BODY_FORMATS, HEAD_FORMATS, DrafterLayerWeights,
                              DrafterRing, PluginHead, PluginLinear)
 from .reference import DrafterTarget
-
-
-class RoundMask(NamedTuple):
-    """What a pass's attention needs to tell visible ring rows: visible bool [S, B, L]
-    (`visible_rows`; None for attn "kernel", which tests positions in the kernel), the ring's
-    positions int64 [slots + 1, R], anchors int64 [S] and block positions int64 [S, B]."""
-    visible: torch.Tensor | None
-    ring_pos: torch.Tensor
-    anchors: torch.Tensor
-    pos: torch.Tensor
 
 
 class DrafterPlugin:
@@ -86,8 +78,8 @@ class DrafterPlugin:
     target ids; tap_norms: [n_taps, Ht]; fuse, fc: PluginLinear; mask_embedding bf16 [H];
     layers; predecessor: (A, B, U) PluginLinear; norm: [H]; head: PluginHead. Norm gains are
     the stored bf16 values held in fp32; `__init__` keeps bf16 copies of the body and final
-    gains (and of the tap gains) for the plugin norm (exact), the RoPE inverse frequencies
-    (half of `ops.rope_inv_freq`) and the block offsets 0 .. B-1.
+    gains (and of the tap gains) for the plugin norm (exact) and the RoPE inverse frequencies
+    (half of `ops.rope_inv_freq`); `rope_table` makes the RoPE table once.
     attn: "dense" (fp32 matmul + softmax over the ring, the default), "sdpa"
     (`F.scaled_dot_product_attention` on bf16 with a boolean mask) or "kernel" (the
     `ring_attention` plugin: one Triton kernel per layer reading the ring in place, visibility
@@ -116,7 +108,16 @@ class DrafterPlugin:
         # made once: the first half of `ops.rope_inv_freq` (it repeats it), block offsets 0..B-1
         self.rope_inv_half = ops.rope_inv_freq(config.head_dim, config.rope_theta,
                                                self.device)[:config.head_dim // 2].contiguous()
-        self.block_offsets = torch.arange(config.block_size, device=self.device)
+        self._rope: torch.Tensor | None = None   # `rope_table`; block offsets: the host's now
+
+    def rope_table(self, positions: int) -> torch.Tensor:
+        """The RoPE rotation tables of positions 0 .. P-1, P >= positions: fp32 [P, 2, 2, D/2]
+        on the device (`plugin_glue.rope_table`), 8 * head_dim bytes per position (1 KiB at
+        D = 128: 4 MiB for 4096 positions). Made once; a call for more positions than it holds
+        makes a larger one (whoever got the earlier one keeps it: CUDA graphs read it)."""
+        if self._rope is None or self._rope.shape[0] < positions:
+            self._rope = rope_table(positions, self.rope_inv_half)
+        return self._rope
 
     # ---- building ------------------------------------------------------------------------
     @classmethod
@@ -213,32 +214,37 @@ class DrafterPlugin:
     # ---- committing context rows ---------------------------------------------------------
     @torch.no_grad()
     def commit(self, ring: DrafterRing, taps: torch.Tensor, next_ids: torch.Tensor,
-               slots: torch.Tensor, positions: torch.Tensor) -> None:
+               slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+               rope: torch.Tensor) -> None:
         """Write N context rows into the ring: row i is position positions[i] of the stream in
         ring slot slots[i], ctx = fc(cat(fuse(taps[i]), E[next_ids[i]])), every layer's K/V.
 
-        taps bf16 [N, n_taps, Ht]; next_ids, slots, positions int64 [N] (device). Padding
-        rows: slot = ring.trash, position -1."""
+        taps bf16 [N, n_taps, Ht]; next_ids, slots, positions, rows int64 [N] (device): rows
+        = positions % R, the ring rows; rope fp32 [N, 2, 2, D/2]: the positions' rotation
+        tables (rows of `rope_table`); rows and table rows come from the host
+        (`DrafterRunner`). Padding rows: slot = ring.trash, position -1 (any row, any table)."""
         ctx = self.fc(torch.cat([self.fuse_taps(taps), self.embed(next_ids)], -1))
-        rows = positions.remainder(ring.size)
-        self._write_context(ring, ctx, rope_rotation(positions, self.rope_inv_half), slots, rows)
+        self._write_context(ring, ctx, rope, slots, rows)
         ring.pos[slots, rows] = positions
 
     # ---- one round -----------------------------------------------------------------------
     @torch.no_grad()
     def propose(self, ring: DrafterRing, taps: torch.Tensor, next_ids: torch.Tensor,
-                slots: torch.Tensor, anchors: torch.Tensor, depth: int, length: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                slots: torch.Tensor, index: RoundIndex, length: int | None = None,
+                logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`depth` passes for S streams (`KolibriBlockDrafter.propose_cached`).
 
         taps bf16 [S, n_taps, Ht]: the anchors' taps; next_ids int64 [S]: t_{p+1}; slots int64
-        [S]: ring slots; anchors int64 [S]: p. The ring must hold each stream's context rows
-        p - C .. p - 1 (`commit`). length: ring rows attended (a bound > every position the
-        round touches, or None: all R). Returns drafts int64 [S, depth*B] (target ids) and
-        fp32 logits [S, depth*B, Vd], written in place by the passes. Provisional rows stay in
-        the ring (masked later)."""
+        [S]: ring slots; index: per pass the anchors (p at pass 0), positions, ring rows and
+        RoPE tables (`RoundIndex`, from the host; depth = its first dim). The ring must hold
+        each stream's context rows p - C .. p - 1 (`commit`). length: ring rows attended (a
+        bound > every position the round touches, or None: all R). Returns drafts int64
+        [S, depth*B] (target ids) and fp32 logits [S, depth*B, Vd], written in place by the
+        passes; logits=False: None, the argmax reads the head's own output (no fp32 copy; the
+        same drafts). Provisional rows stay in the ring (masked later)."""
         c = self.config
         s, b, h = taps.shape[0], c.block_size, c.hidden_size
+        depth = index.pos.shape[0]
         length = ring.size if length is None else length
         fused = self.fuse_taps(taps)
         mask = self.mask_embedding.expand(s, h)
@@ -246,14 +252,14 @@ class DrafterPlugin:
         first = self.fc(torch.cat([fused.expand(2, s, h), tail], -1).view(2 * s, 2 * h))
         anchor_ctx, mask_rows = first[:s], first[s:]
         drafts = torch.empty(s, depth * b, dtype=torch.long, device=taps.device)
-        logits = torch.empty(s, depth * b, c.draft_vocab_size, dtype=torch.float32,
-                             device=taps.device)
+        out = torch.empty(s, depth * b, c.draft_vocab_size, dtype=torch.float32,
+                          device=taps.device) if logits else None
         slots2 = slots[:, None].expand(s, b)
+        # every pass's positions in one write: a later pass's rows hold positions above every
+        # earlier block row (invisible to it), as the out-of-window ones they replace were
+        ring.pos[slots[None, :, None].expand(depth, s, b), index.rows] = index.pos
         for r in range(depth):
-            pos = anchors[:, None] + self.block_offsets                # [S, B]
-            rows = pos.remainder(ring.size)
-            ring.pos[slots2, rows] = pos
-            rope = rope_rotation(pos.view(-1), self.rope_inv_half)
+            pos, rows, rope, anchors = index.pos[r], index.rows[r], index.rope[r], index.anchors[r]
             visible = None if self.attn == "kernel" else visible_rows(
                 ring.pos, slots, anchors, pos, c.context_window, length)
             seen = RoundMask(visible, ring.pos, anchors, pos)
@@ -261,13 +267,13 @@ class DrafterPlugin:
             for i, w in enumerate(self.layers):
                 x = self._layer(ring, i, w, x, rope, slots2, rows, slots, seen, length)
             cols = slice(r * b, (r + 1) * b)
-            states = self._heads(x, drafts[:, cols], logits[:, cols], r < depth - 1)
+            states = self._heads(x, drafts[:, cols], None if out is None else out[:, cols],
+                                 r < depth - 1)
             if r == depth - 1:
                 break
             anchor_ctx, mask_rows = self._provisional(ring, states, drafts[:, cols], anchor_ctx,
                                                       mask, rope, slots2, rows)
-            anchors = anchors + b
-        return drafts, logits
+        return drafts, out
 
     def _provisional(self, ring: DrafterRing, states, drafts, anchor_ctx, mask, rope, slots2,
                      rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,12 +329,13 @@ class DrafterPlugin:
                                          self.config.context_window, length)
         return ring_attention(q, kv, slots, mask.visible, length, self.attn)
 
-    def _heads(self, x: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor,
+    def _heads(self, x: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor | None,
                keep_states: bool) -> torch.Tensor | None:
         """Sequential heads (`KolibriBlockDrafter._heads`) over x bf16 [S, B, H]: drafts int64
-        [S, B] (target ids) and fp32 logits [S, B, Vd] written into the given views; returns
-        the states bf16 [S, B, H] if keep_states. The predecessor's residual add is fused into
-        the final norm (plugin)."""
+        [S, B] (target ids) and fp32 logits [S, B, Vd] written into the given views (logits
+        None: the argmax reads `PluginHead.scores`, bf16 for NVFP4: the values the fp32 copy
+        holds exactly, so the same index); returns the states bf16 [S, B, H] if keep_states.
+        The predecessor's residual add is fused into the final norm (plugin)."""
         a, bm, u = self.predecessor
         states = []
         for j in range(x.shape[1]):
@@ -336,10 +343,13 @@ class DrafterPlugin:
             res = None if j == 0 else u(a(xj, act="silu", residual=bm(
                 self.embed_tokens, x_rows=drafts[:, j - 1])))    # B·E[d_{j-1}]: one launch
             g, normed = self._norm(xj, self.norm_bf16, res)   # g = xj + res (xj without)
-            self.head.into(normed, logits[:, j])
-            # argmax returns the first maximum: ties go to the lower draft-vocabulary index
-            torch.index_select(self.draft_vocab, 0, torch.argmax(logits[:, j], dim=-1),
-                               out=drafts[:, j])
+            if logits is None:
+                scores = self.head.scores(normed)
+            else:
+                self.head.into(normed, logits[:, j])
+                scores = logits[:, j]
+            # the first maximum: ties go to the lower draft-vocabulary index (one launch)
+            vocab_argmax(scores, self.draft_vocab, out=drafts[:, j])
             states.append(g)
         return torch.stack(states, 1) if keep_states else None
 

@@ -1,5 +1,7 @@
 """The torch glue of `DrafterPlugin` (`plugin_drafter.py`) written for few kernel launches: RoPE
-as a rotation table, the ring's visibility mask and the ring attention. Each function gives
+as rotation tables (made once for every position, `rope_table`; a step gathers its rows), a
+round's host-computed indices (`RoundIndex`), the ring's visibility mask and the ring
+attention. Each function gives
 the bits of the plain formulation it replaces (named in its docstring) on every device:
 products and sums are the same IEEE operations on the same operands, only grouped into
 fewer elementwise ops, and copies replace `.float()` / `.to()` / `reshape` where those
@@ -9,9 +11,12 @@ only converted exactly or moved values. `bench/count_drafter_ops.py` counts the 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+ROPE_CHUNK = 64      # positions per `rope_rotation` call while `rope_table` builds the table
 
 
 # ============================================================================ RoPE
@@ -30,6 +35,33 @@ def rope_rotation(positions: torch.Tensor, inv_freq_half: torch.Tensor) -> torch
     torch.sin(both, out=m[:, 1:3])                                   # (0, 1), (1, 0)
     m[:, 1].neg_()
     return m.view(t, 2, 2, half)
+
+
+def rope_table(positions: int, inv_freq_half: torch.Tensor, chunk: int = ROPE_CHUNK
+               ) -> torch.Tensor:
+    """`rope_rotation` of positions 0 .. positions - 1 as one table, fp32 [P, 2, 2, D/2] on
+    inv_freq_half's device (float64 [D/2], as `rope_rotation`); 8 * D bytes per position
+    (4 tables of D/2 fp32: 1 KiB at D = 128). Row t holds the bits a step's
+    `rope_rotation` gives for position t: the same ops, called on `chunk` positions at a time
+    (each row's elementwise ops run over its own D/2 values, as in a step of few rows; small
+    calls also keep CPU threads from splitting a row). Made once (`DrafterPlugin.rope_table`):
+    a step then gathers its rows with one index_select instead of four launches."""
+    pos = torch.arange(positions, dtype=torch.long, device=inv_freq_half.device)
+    return torch.cat([rope_rotation(pos[a:a + chunk], inv_freq_half)
+                      for a in range(0, positions, chunk)])
+
+
+class RoundIndex(NamedTuple):
+    """What the passes of a round index, made on the host (`DrafterRunner`) for S streams with
+    anchors p, depth passes of B block rows, ring R rows (device tensors):
+    anchors int64 [depth, S]: pass r's anchor p + r*B; pos int64 [depth, S, B]: block row j's
+    position p + r*B + j; rows int64 [depth, S, B]: its ring row pos % R; rope fp32
+    [depth, S*B, 2, 2, D/2]: its rotation table (rows of `rope_table`). Every pass's slice
+    [r] is contiguous (the plugins' layouts). Padding streams: anchor 0, the trash slot."""
+    anchors: torch.Tensor
+    pos: torch.Tensor
+    rows: torch.Tensor
+    rope: torch.Tensor
 
 
 def apply_rope_rotation(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None
@@ -52,6 +84,16 @@ def apply_rope_rotation(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor | No
 
 
 # ============================================================================ attention
+class RoundMask(NamedTuple):
+    """What a pass's attention needs to tell visible ring rows: visible bool [S, B, L]
+    (`visible_rows`; None for attn "kernel", which tests positions in the kernel), the ring's
+    positions int64 [slots + 1, R], anchors int64 [S] and block positions int64 [S, B]."""
+    visible: torch.Tensor | None
+    ring_pos: torch.Tensor
+    anchors: torch.Tensor
+    pos: torch.Tensor
+
+
 def visible_rows(ring_pos: torch.Tensor, slots: torch.Tensor, anchors: torch.Tensor,
                  pos: torch.Tensor, context_window: int, length: int) -> torch.Tensor:
     """bool [S, B, L]: ring row l of stream s is visible to block row j iff its position lies

@@ -144,6 +144,14 @@ class PluginHead:
         else:
             out.copy_(nvfp4_gemv(x, self.weight, self.scale, self.scale_2))
 
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of x in the product's own dtype, [M, Vd]: bf16 for "nvfp4" (the values
+        `self(x)` converts exactly to fp32, so their argmax is the same index), fp32 for
+        "bf16"; no conversion launch (the drafter's heads without logits)."""
+        if self.fmt == "bf16":
+            return ops.linear(x.float(), self.weight)
+        return nvfp4_gemv(x, self.weight, self.scale, self.scale_2)
+
 
 @dataclass(frozen=True)
 class DrafterLayerWeights:

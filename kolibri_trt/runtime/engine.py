@@ -164,7 +164,7 @@ class LLMEngine:
                 engine_dir, self.manifest, target, self.device, self.args.drafter_depth,
                 self.args.max_num_seqs,
                 use_graphs=self.device.type == "cuda" and not self.args.enforce_eager,
-                attn=self.args.drafter_attention)
+                attn=self.args.drafter_attention, max_model_len=self.args.max_model_len)
         drafter = load_drafter(engine_dir, self.manifest, target, self.device)
         depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
         return DrafterProposer(drafter, depth)

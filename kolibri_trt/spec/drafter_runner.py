@@ -8,10 +8,18 @@ Both take their taps rows from one static buffer `taps` (bf16 [max_commit + max_
 Ht]), which the host fills with one copy per round (`torch.cat` of the round's pieces, or
 `copy_` of a single piece); each step gathers its rows by index inside its graph, so a
 stream's rows lo .. p (commit rows, then the anchor) stay one piece, usually a whole tensor
-observed earlier. The int64 indices of both steps live in one static buffer `idx` [4,
-max_commit + max_s] (rows: next ids, slots, positions (commit) or anchors (round), taps rows;
-columns: the commit's, then the round's). On CUDA the host writes them into a pinned copy
-(`stage`) and uploads it with one non-blocking copy; on CPU `stage` is `idx`, written in place.
+observed earlier. The int64 indices of both steps live in one static buffer `idx` [6,
+max_commit + depth * max_s * B], columns: the commit's (max_commit), then the round's. Commit
+column i, rows: next id, slot, position, taps row, ring row (position % R), RoPE table row
+(the position, 0 for padding's -1). Round, stream s of a bucket of S_b streams: rows 0, 1, 3
+column s: next id, slot, taps row; row 2 [depth, S_b]: pass r's anchor p + r*B; rows 4, 5
+[depth, S_b, B]: block row j's position p + r*B + j (also its RoPE table row) and ring row
+(each pass's [S_b] / [S_b, B] slice contiguous, as the plugins take them). Everything that
+depends only on positions is computed here on the host (numpy), so the graphed steps run no
+remainder, add or RoPE op: one index_select of the RoPE table (`DrafterPlugin.rope_table`,
+positions 0 .. max_model_len + depth*B - 1, made once) per step. On CUDA the host writes them
+into a pinned copy (`stage`) and uploads it with one non-blocking copy; on CPU `stage` is
+`idx`, written in place.
 
 Device operations per round on CUDA: 1 copy of the taps rows, 1 index upload, 2 graph replays,
 and (`read_drafts`, `propose_batch`) 1 copy of the drafts into pinned memory, then 1 event
@@ -26,9 +34,12 @@ ring's trash slot (slot trash, position -1 / anchor 0, taps row 0). Graphs: one 
 bucket plus one per (S_b, L): 5 + 4 * 5 = 25 for the mini engine (8 streams, context window
 2048, depth 1), 8 + 7 * 5 = 43 at 64 streams. One graph for commit + round would need one per
 (N_b, S_b, L): 100 and 280 there, to save one replay call (the two are enqueued back to back
-with no sync between them), so the runner keeps two. Each graph is captured on first use (or
-by `capture_all` at start-up) after one eager warm-up run that writes what the replay writes
-again; on CPU, or with graphs off, the same padded inputs run eagerly.
+with no sync between them), so the runner keeps two. Serving rounds return no logits (the
+heads' argmax reads the head's output: no fp32 copy); a round with logits (`step(...,
+logits=True)`, tests) is its own graph, key ("round", S_b, L, True). Each graph is captured
+on first use (or by `capture_all` at start-up, the serving ones) after one eager warm-up run
+that writes what the replay writes again; on CPU, or with graphs off, the same padded inputs
+run eagerly.
 """
 
 from __future__ import annotations
@@ -37,9 +48,11 @@ import numpy as np
 import torch
 
 from ..drafter.plugin_drafter import DrafterPlugin
+from ..drafter.plugin_glue import RoundIndex
 from ..drafter.plugin_weights import DrafterRing
 
 MIN_COMMIT = 8
+MAX_MODEL_LEN = 4096     # EngineArgs' default
 L_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
 Fields = tuple[list[int], list[int], list[int], list[int]]
 
@@ -64,14 +77,18 @@ class DrafterRunner:
     num_slots: streams with drafter state at once (ring slots); depth: passes per round;
     use_graphs: capture CUDA graphs (needs a CUDA model); max_commit: the largest commit
     bucket (rows); None: next power of two of 16 per slot; length_buckets: the ring lengths
-    a round may attend below R.
+    a round may attend below R; max_model_len: tokens per stream (the engine's), so positions
+    < max_positions = max_model_len + depth * B: the RoPE table's rows (`step` raises
+    ValueError naming max_model_len for a position beyond).
     """
 
     def __init__(self, model: DrafterPlugin, depth: int, num_slots: int,
                  use_graphs: bool = True, max_commit: int | None = None,
-                 length_buckets: tuple[int, ...] = L_BUCKETS):
+                 length_buckets: tuple[int, ...] = L_BUCKETS, max_model_len: int = MAX_MODEL_LEN):
         if depth < 1:
             raise ValueError(f"depth: must be >= 1, got {depth}")
+        if max_model_len < 1:
+            raise ValueError(f"max_model_len: must be >= 1, got {max_model_len}")
         if use_graphs and model.device.type != "cuda":
             raise ValueError(f"use_graphs: CUDA graphs need a CUDA model, got {model.device}")
         c, dev = model.config, model.device
@@ -80,17 +97,21 @@ class DrafterRunner:
         self.ring = DrafterRing.allocate(c, num_slots, depth, dev)
         self.max_s = _pow2(num_slots)
         self.max_commit = mc = max(MIN_COMMIT, _pow2(max_commit or 16 * self.max_s))
-        cols = mc + self.max_s
-        self.taps = torch.zeros(cols, c.num_taps, c.target_hidden_size, dtype=torch.bfloat16,
-                                device=dev)
-        self.idx = torch.zeros(4, cols, dtype=torch.long, device=dev)
+        self.max_positions = max_model_len + depth * c.block_size
+        self.rope = model.rope_table(self.max_positions)     # kept: the graphs read it
+        self.taps = torch.zeros(mc + self.max_s, c.num_taps, c.target_hidden_size,
+                                dtype=torch.bfloat16, device=dev)
+        cols = mc + depth * self.max_s * c.block_size
+        self.idx = torch.zeros(6, cols, dtype=torch.long, device=dev)
         self.c_idx, self.r_idx = self.idx[:, :mc], self.idx[:, mc:]
         cuda = dev.type == "cuda"
-        self.stage = torch.zeros(4, cols, dtype=torch.long, pin_memory=True) if cuda else self.idx
+        self.stage = torch.zeros(6, cols, dtype=torch.long, pin_memory=True) if cuda else self.idx
         self.stage_np = self.stage.numpy()
         trash = self.ring.trash
         self.pad_commit = np.array([[0], [trash], [-1], [0]], dtype=np.int64)
         self.pad_round = np.array([[0], [trash], [0], [0]], dtype=np.int64)
+        # pass r, block row j: offset r*B + j from the anchor
+        self.offsets = np.arange(depth * c.block_size, dtype=np.int64).reshape(depth, 1, -1)
         self.host_drafts = (torch.zeros(self.max_s, depth * c.block_size, dtype=torch.long,
                                         pin_memory=True) if cuda else None)
         self.uploaded = torch.cuda.Event() if cuda else None    # the last index upload done
@@ -132,7 +153,7 @@ class DrafterRunner:
     # ---- a round -------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, pieces: list[torch.Tensor], rows: int, commit: Fields | None,
-             rnd: Fields) -> tuple[torch.Tensor, torch.Tensor]:
+             rnd: Fields, logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Commit N context rows, then one round for S streams; nothing waits for the device.
 
         pieces: taps, bf16 [k_i, n_taps, Ht] on the model's device, `rows` = sum k_i rows in
@@ -140,15 +161,22 @@ class DrafterRunner:
         position positions[i] of the stream in ring slot slots[i], with next token next_ids[i]
         and the taps of row taps_rows[i] of the pieces (None or empty lists: no commit);
         rnd: (next ids, slots, anchors, taps rows), S ints each. Returns drafts int64
-        [S, depth*B] (target ids) and fp32 logits [S, depth*B, Vd] on the device (views of
-        static outputs under graphs: valid until the next step)."""
+        [S, depth*B] (target ids) and, with logits, fp32 logits [S, depth*B, Vd] (else None)
+        on the device (views of static outputs under graphs: valid until the next step).
+        ValueError naming max_model_len when a position reaches max_positions (no RoPE row)."""
         n, s = len(commit[0]) if commit else 0, len(rnd[0])
         if s > self.max_s:
             raise ValueError(f"{s} streams in one round, the runner has {self.max_s} slots")
+        top = max(max(rnd[2], default=-1) + self.depth * self.model.config.block_size - 1,
+                  max(commit[2]) if n else -1)
+        if top >= self.max_positions:
+            raise ValueError(f"max_model_len: a round reaches position {top}, the runner's RoPE "
+                             f"table holds positions < {self.max_positions} (max_model_len + "
+                             f"depth * block_size)")
         if n > self.max_commit:
             pieces, rows, rnd = self._commit_chunks(pieces, commit, rnd)
             n = 0
-        return self._launch(pieces, rows, commit if n else None, rnd)
+        return self._launch(pieces, rows, commit if n else None, rnd, logits)
 
     def _commit_chunks(self, pieces, commit: Fields, rnd: Fields):
         """A commit of more than max_commit rows, in chunks of max_commit rows (each its own
@@ -163,16 +191,17 @@ class DrafterRunner:
         s = len(rnd[0])
         return _runs(flat, rnd[3]), s, (rnd[0], rnd[1], rnd[2], list(range(s)))
 
-    def _launch(self, pieces, rows: int, commit: Fields | None, rnd: Fields | None):
+    def _launch(self, pieces, rows: int, commit: Fields | None, rnd: Fields | None,
+                logits: bool = False):
         """Stage the indices, copy the taps rows, upload, replay the commit and round steps."""
         if self.uploaded is not None:
             self.uploaded.synchronize()     # the stage's last upload is done (no-op in rounds)
         if commit is not None:
             n_b = max(MIN_COMMIT, _pow2(len(commit[0])))
-            self._stage(0, commit, n_b, self.pad_commit)
+            self._stage_commit(commit, n_b)
         if rnd is not None:
             s, s_b = len(rnd[0]), _pow2(len(rnd[0]))
-            self._stage(self.max_commit, rnd, s_b, self.pad_round)
+            self._stage_round(rnd, s_b)
         if len(pieces) == 1:
             self.taps[:rows].copy_(pieces[0])
         else:
@@ -185,28 +214,55 @@ class DrafterRunner:
         if rnd is None:
             return None
         length = self.length_bucket(max(rnd[2]))
-        drafts, logits = self._replay(("round", s_b, length),
-                                      lambda: self._round_step(s_b, length))
-        return drafts[:s], logits[:s]
+        drafts, out = self._replay(("round", s_b, length, logits),
+                                   lambda: self._round_step(s_b, length, logits))
+        return drafts[:s], None if out is None else out[:s]
 
-    def _stage(self, col: int, fields: Fields, width: int, pad: np.ndarray) -> None:
-        """Write fields (4 lists of n ints) into stage columns col .. col + n - 1 and padding
-        into col + n .. col + width - 1 (stale values of an earlier, larger step go)."""
-        n = len(fields[0])
-        self.stage_np[:, col:col + n] = fields
-        self.stage_np[:, col + n:col + width] = pad
+    def _stage_commit(self, commit: Fields, n_b: int) -> None:
+        """Commit fields (4 lists of n ints) into stage columns 0 .. n - 1 and padding into
+        n .. n_b - 1 (stale values of an earlier, larger step go), then rows 4, 5: the ring
+        rows (position % R, as `torch.remainder`) and the RoPE table rows (padding's -1: 0)."""
+        st, n = self.stage_np[:, :n_b], len(commit[0])
+        st[:4, :n] = commit
+        st[:4, n:] = self.pad_commit
+        np.remainder(st[2], self.ring.size, out=st[4])
+        np.maximum(st[2], 0, out=st[5])
+
+    def _stage_round(self, rnd: Fields, s_b: int) -> None:
+        """Round fields (4 lists of s ints) into the round's stage columns 0 .. s - 1 and
+        padding (anchor 0, the trash slot) into s .. s_b - 1; then, from the anchors p, row 2
+        as [depth, s_b]: pass r's anchors p + r*B, rows 4, 5 as [depth, s_b, B]: the block
+        rows' positions p + r*B + j and their ring rows."""
+        st, s = self.stage_np[:, self.max_commit:], len(rnd[0])
+        st[:4, :s] = rnd
+        st[:4, s:s_b] = self.pad_round
+        pos = st[2, :s_b][:, None] + self.offsets                     # [depth, s_b, B]
+        n = pos.size
+        st[4, :n] = pos.reshape(-1)
+        np.remainder(st[4, :n], self.ring.size, out=st[5, :n])
+        st[2, :self.depth * s_b] = pos[:, :, 0].reshape(-1)
 
     def _commit_step(self, n_b: int):
+        """The graphed commit of bucket n_b: the taps rows and RoPE rows gathered, then
+        `DrafterPlugin.commit` over the staged indices (`_stage_commit`)."""
         i = self.c_idx
         taps = self.taps.index_select(0, i[3, :n_b])
-        self.model.commit(self.ring, taps, i[0, :n_b], i[1, :n_b], i[2, :n_b])
+        rope = self.rope.index_select(0, i[5, :n_b])                  # [N_b, 2, 2, D/2]
+        self.model.commit(self.ring, taps, i[0, :n_b], i[1, :n_b], i[2, :n_b], i[4, :n_b], rope)
         return None
 
-    def _round_step(self, s_b: int, length: int):
-        i = self.r_idx
+    def _round_step(self, s_b: int, length: int, logits: bool = False):
+        """The graphed round of bucket (s_b, length): the taps rows and every pass's RoPE
+        rows gathered (one index_select each), then `DrafterPlugin.propose` over the staged
+        indices (`_stage_round`). Returns its (drafts, logits or None)."""
+        i, d, b = self.r_idx, self.depth, self.model.config.block_size
+        n = d * s_b * b
+        rope = self.rope.index_select(0, i[4, :n]).view(d, s_b * b, *self.rope.shape[1:])
+        index = RoundIndex(i[2, :d * s_b].view(d, s_b), i[4, :n].view(d, s_b, b),
+                           i[5, :n].view(d, s_b, b), rope)
         taps = self.taps.index_select(0, i[3, :s_b])
-        return self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], i[2, :s_b],
-                                  self.depth, length)
+        return self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], index, length,
+                                  logits)
 
     @torch.no_grad()
     def read_drafts(self, drafts: torch.Tensor) -> list[list[int]]:
@@ -246,13 +302,14 @@ class DrafterRunner:
     @torch.no_grad()
     def capture_all(self) -> int:
         """Capture every commit and round bucket now (all-padding steps: only the trash slot
-        is written). Returns the number of graphs captured. ValueError without use_graphs."""
+        is written; rounds without logits, as serving runs them). Returns the number of graphs
+        captured. ValueError without use_graphs."""
         if not self.use_graphs:
             raise ValueError("use_graphs: capture_all needs CUDA graphs on")
         self.uploaded.synchronize()
-        mc = self.max_commit
-        self.stage_np[:, :mc] = self.pad_commit
-        self.stage_np[:, mc:] = self.pad_round
+        none: Fields = ([], [], [], [])
+        self._stage_commit(none, self.max_commit)
+        self._stage_round(none, self.max_s)
         self.idx.copy_(self.stage)
         count = 0
         for n_b in self.commit_buckets():
@@ -260,8 +317,8 @@ class DrafterRunner:
                 self.graphs[("commit", n_b)] = self._capture(lambda n=n_b: self._commit_step(n))
                 count += 1
         for s_b, length in self.round_buckets():
-            if ("round", s_b, length) not in self.graphs:
-                self.graphs[("round", s_b, length)] = self._capture(
+            if ("round", s_b, length, False) not in self.graphs:
+                self.graphs[("round", s_b, length, False)] = self._capture(
                     lambda s=s_b, n=length: self._round_step(s, n))
                 count += 1
         return count

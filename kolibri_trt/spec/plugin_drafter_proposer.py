@@ -50,7 +50,8 @@ class PluginDrafterProposer:
 
     drafter: the `DrafterPlugin`; depth: passes per round; max_streams: ring slots (streams
     with drafter state at once; the engine's max_num_seqs); use_graphs: CUDA graphs (None:
-    on a CUDA model); runner_options: `DrafterRunner`'s max_commit, length_buckets.
+    on a CUDA model); runner_options: `DrafterRunner`'s max_commit, length_buckets,
+    max_model_len (the engine's: the RoPE table covers its positions).
     """
 
     def __init__(self, drafter: DrafterPlugin, depth: int, max_streams: int,
@@ -163,7 +164,8 @@ class PluginDrafterProposer:
         """Drafts for several streams in one round (`DrafterProposer.propose_batch`).
 
         items: (request_id, tokens = prompt + output; the newest token is the anchor's next
-        token). Streams whose committed positions do not reach the anchor yet get none."""
+        token). Streams whose committed positions do not reach the anchor yet get none. The
+        round computes no logits (`DrafterRunner.step`)."""
         batch = self._collect(items)
         if batch is None:
             return {}
@@ -179,7 +181,7 @@ class PluginDrafterProposer:
         if batch is None:
             return None
         ready, *inputs = batch
-        drafts, logits = self.runner.step(*inputs)
+        drafts, logits = self.runner.step(*inputs, logits=True)
         return ready, drafts, logits
 
     def _collect(self, items: list[tuple[str, list[int]]]):
@@ -219,7 +221,8 @@ def install_plugin_drafter(engine, attn: str = "dense", capture: bool = True,
                            **runner_options) -> PluginDrafterProposer:
     """Swap an idle `LLMEngine`'s `DrafterProposer` for a `PluginDrafterProposer` of the same
     engine folder, depth and target embedding (tests and benches, until the engine builds it
-    itself). Graphs when the engine runs CUDA graphs; capture=True captures them all now.
+    itself). Graphs when the engine runs CUDA graphs; capture=True captures them all now;
+    runner_options: `DrafterRunner`'s (max_model_len: the engine's unless given).
     Returns the new proposer. Raises ValueError if the engine has no drafter or work in flight.
     """
     spec = engine.speculator
@@ -235,6 +238,7 @@ def install_plugin_drafter(engine, attn: str = "dense", capture: bool = True,
     else:
         target = old.drafter.target
     use_graphs = engine.device.type == "cuda" and not engine.args.enforce_eager
+    runner_options.setdefault("max_model_len", engine.args.max_model_len)
     new = PluginDrafterProposer.load(engine.manifest.path.parent, engine.manifest, target,
                                      engine.device, old.depth, engine.args.max_num_seqs,
                                      use_graphs, attn=attn, **runner_options)
