@@ -4,6 +4,7 @@ graphs, `spec/plugin_drafter_proposer.py`), in one call.
 
     python3 bench/gpu_runtime.py --make-engines engines/gpu-small   # here: the same engines
     python3 bench/gpu_drafter.py --engines engines/gpu-small --out DIR   # on the GPU machine
+    python3 bench/gpu_drafter.py --engine engines/mini-h200 --only parity graphs round  # or one
 
 Uses `engine-fp8-nvfp4-fp8` of that folder (the small target with `runtime_engines.small_drafter`:
 block-FP8 body, NVFP4 head, context window 32). Checks (exit 1 if one fails):
@@ -193,7 +194,10 @@ def lossless_and_speed(engine: Path, prompts, max_tokens: int, attns: list[str],
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--engines", type=Path, required=True)
+    ap.add_argument("--engines", type=Path, default=None,
+                    help="gpu_runtime's engine folder: its engine-fp8-nvfp4-fp8 is used")
+    ap.add_argument("--engine", type=Path, default=None,
+                    help="one engine folder instead (e.g. build.py --target h200's)")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--device", default="cuda", help="cpu: dry run on the torch references")
@@ -208,9 +212,11 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", default=None,
                     help="steps to run: parity graphs speed release round")
     args = ap.parse_args()
+    if (args.engine is None) == (args.engines is None):
+        ap.error("give exactly one of --engines and --engine")
     DEVICE[0] = args.device
     prompts = load_prompts(args.prompts_file, per_category=args.per_category)[:args.limit]
-    engine = args.engines / "engine-fp8-nvfp4-fp8"
+    engine = args.engine or args.engines / "engine-fp8-nvfp4-fp8"
     steps = [(f"parity {a}", "parity", lambda a=a: check_parity(engine, a)) for a in args.attn]
     steps += [(f"graphs {a}", "graphs", lambda a=a: check_graphs(engine, a)) for a in args.attn]
     if args.release_iters:

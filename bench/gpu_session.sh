@@ -16,6 +16,13 @@
 #       batch invariance), then the MoE work list x tile widths sweep
 #       (~4 min).
 #                                                               carry: nothing
+#   PART=e bash bench/gpu_session.sh   the drafter's fused kernels (~9 min): fp8_gemv's fused
+#       options and vocab_argmax against their references; the drafter round's graphs (replay
+#       == eager bits) and host/device split on the trained default (its parity with the fp32
+#       reference: gpu_drafter's parity step on PART a's engines, whose tolerance fits them);
+#       its acceptance and tokens/s per speculative mode, default and with the ring-attention
+#       kernel + fused sampler.
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -71,6 +78,18 @@ case "${PART:-}" in
     step compact_gumbel 240 python3 bench/gpu_check.py --only moecompact,gumbel,ringattn,ropering
     step moe_tiles 330 python3 bench/plugins.py --only moe_tiles
     ;;
+  e)
+    unpack carry-b
+    step kernels 170 python3 bench/gpu_check.py --only fp8gemv,fp8fused,vocabargmax
+    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --only graphs round
+    step acceptance 150 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+      --max-tokens 128 --json "$OUT/eval_h200.json"
+    step acceptance_opt 150 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+      --max-tokens 128 --drafter-attention kernel --fused-sampler --json "$OUT/eval_opt.json"
+    ;;
   b)
     unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
@@ -85,7 +104,7 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a, b, c or d (see the header)" >&2
+    echo "PART must be a, b, c, d or e (see the header)" >&2
     exit 2
     ;;
 esac
