@@ -10,6 +10,10 @@ head slice [60614, 2560] (shared/spec/block-drafter.md §Serving quantisation).
 
 Batch invariance: rows are processed in tiles of 16 (every tile the same dot shape), the K loop
 order is fixed, and the tile config depends on N and K only.
+
+``norm=gain`` fuses the RMSNorm before the head (the drafter's final norm): x is normalised per
+row as it is loaded, add_rms_norm's maths (``bf16((x·rsqrt(mean(x²) + eps))·gain)``, the row's
+Σx² in BLOCK_K chunks in order; plugins/_gemv_fusion.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import torch
 
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
+from ._gemv_fusion import _col_rstd, _row_rstd
+from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16        # activation rows per dot
 MAX_TILES = 4    # up to 64 activation rows per program (weights read once for them)
@@ -46,9 +52,10 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 
 
 @jit
-def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, M, N, K, sx_m,
+def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m, eps,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                       MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
+                       MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
+                       NORM: tl.constexpr = False):
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
     # feed two dots, so the packed bytes are never interleaved in registers.
     pid_n = tl.program_id(0)
@@ -62,6 +69,22 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, M, N, K, sx_m,
     acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     HB: tl.constexpr = BLOCK_K // 2
+    rs0 = tl.zeros([ROWS, 1], tl.float32)
+    rs1 = rs0
+    rs2 = rs0
+    rs3 = rs0
+    if NORM:  # per row rsqrt(mean(x²) + eps) over all of K
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            rs = _row_rstd(x_ptr, m.to(tl.int64), m < M, K, sx_m, eps, BLOCK_K, 1, 1)
+            if t == 0:
+                rs0 = rs
+            elif t == 1:
+                rs1 = rs
+            elif t == 2:
+                rs2 = rs
+            else:
+                rs3 = rs
     for k0 in range(0, K, BLOCK_K):
         kb = k0 // 2 + tl.arange(0, HB)
         kmask = kb < K // 2
@@ -85,6 +108,11 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, M, N, K, sx_m,
             m = m0 + t * ROWS + rows
             xt = tl.load(x_ptr + m[:, None].to(tl.int64) * sx_m + kx[None, :],
                          mask=(m < M)[:, None] & (kx < K)[None, :], other=0.0)
+            if NORM:
+                rs = rs0 if t == 0 else (rs1 if t == 1 else (rs2 if t == 2 else rs3))
+                gk = tl.load(g_ptr + kx, mask=kx < K, other=0.0).to(tl.float32)
+                xt = ((xt.to(tl.float32) * _col_rstd(rs, kx, K, 1, 1)) * gk[None, :]
+                      ).to(tl.bfloat16)
             xe, xo = tl.split(tl.reshape(xt, (ROWS, HB, 2)))
             if DOT_F32:
                 xe = xe.to(tl.float32)
@@ -117,9 +145,14 @@ def nvfp4_dequantize_ref(weight, weight_scale, weight_scale_2) -> torch.Tensor:
     return w * bs * weight_scale_2.float().reshape(())
 
 
-def nvfp4_gemv_ref(x, weight, weight_scale, weight_scale_2) -> torch.Tensor:
-    """fp32 torch reference of :func:`nvfp4_gemv`; returns bf16 [M, N]."""
-    return (x.float() @ nvfp4_dequantize_ref(weight, weight_scale, weight_scale_2).T).to(torch.bfloat16)
+def nvfp4_gemv_ref(x, weight, weight_scale, weight_scale_2, norm=None, eps: float = 1e-6
+                   ) -> torch.Tensor:
+    """fp32 torch reference of :func:`nvfp4_gemv`; returns bf16 [M, N] (with norm: of
+    add_rms_norm_ref's output, the composition it replaces)."""
+    if norm is not None:
+        x = add_rms_norm_ref(x, None, norm, eps)[1]
+    w = nvfp4_dequantize_ref(weight, weight_scale, weight_scale_2)
+    return (x.float() @ w.T).to(torch.bfloat16)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::nvfp4_gemv", mutates_args=())
@@ -135,6 +168,20 @@ def _(x, weight, weight_scale, weight_scale_2):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+@torch.library.custom_op(f"{NAMESPACE}::nvfp4_gemv_norm", mutates_args=())
+def _nvfp4_gemv_norm_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        weight_scale_2: torch.Tensor, norm: torch.Tensor, eps: float
+                        ) -> torch.Tensor:
+    if kernel_path(x, "nvfp4_gemv") == "ref":
+        return nvfp4_gemv_ref(x, weight, weight_scale, weight_scale_2, norm, eps)
+    return _launch(x, weight, weight_scale, weight_scale_2, False, norm, eps)
+
+
+@_nvfp4_gemv_norm_op.register_fake
+def _(x, weight, weight_scale, weight_scale_2, norm, eps):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
 BLOCK_N_MAX = 64
 
 
@@ -146,7 +193,7 @@ def block_n_for(n: int) -> int:
     return bn
 
 
-def _launch(x, weight, weight_scale, weight_scale_2, interpret):
+def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1e-6):
     M, K = x.shape
     N = weight.shape[0]
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
@@ -154,13 +201,16 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret):
         return y
     mt = min(MAX_TILES, cdiv(M, ROWS))
     grid = (cdiv(N, block_n_for(N)), cdiv(M, ROWS * mt))
-    launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y, M, N, K,
-           x.stride(0), BLOCK_N=block_n_for(N), BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt,
-           USE_ASM=not interpret, DOT_F32=interpret, interpret=interpret, **TUNE)
+    extra = {} if norm is None else dict(enable_fp_fusion=False)   # torch's separate roundings
+    launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y,
+           x if norm is None else norm, M, N, K, x.stride(0), float(eps),
+           BLOCK_N=block_n_for(N), BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt, USE_ASM=not interpret,
+           DOT_F32=interpret, NORM=norm is not None, interpret=interpret, **extra, **TUNE)
     return y
 
 
-def nvfp4_gemv(x, weight, weight_scale, weight_scale_2, interpret: bool = False) -> torch.Tensor:
+def nvfp4_gemv(x, weight, weight_scale, weight_scale_2, interpret: bool = False, *, norm=None,
+               eps: float = 1e-6) -> torch.Tensor:
     """y = x · wᵀ with an NVFP4 weight, for small batches (decode, verification, drafter head).
 
     Args:
@@ -168,6 +218,7 @@ def nvfp4_gemv(x, weight, weight_scale, weight_scale_2, interpret: bool = False)
         weight: uint8 [N, K/2], contiguous; weight_scale: float8_e4m3fn [N, K/16], contiguous;
         weight_scale_2: fp32 one-element tensor (0-dim or [1]).
         interpret: run the Triton kernel in the interpreter on CPU tensors (tests only).
+        norm: bf16 [K] gain: x is RMS-normalised first (eps: its epsilon), as add_rms_norm.
     Returns: bf16 [M, N], fp32 accumulation.
     Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
         RuntimeError for CUDA tensors without Triton.
@@ -183,6 +234,11 @@ def nvfp4_gemv(x, weight, weight_scale, weight_scale_2, interpret: bool = False)
     check_tensor("weight_scale", weight_scale, torch.float8_e4m3fn, (weight.shape[0], K // 16),
                  x.device)
     check_scalar_tensor("weight_scale_2", weight_scale_2, x.device)
+    if norm is not None:
+        check_tensor("norm", norm, torch.bfloat16, (K,), x.device)
     if interpret:
-        return _launch(x, weight, weight_scale, weight_scale_2, True)
-    return torch.ops.kolibri_plugins.nvfp4_gemv(x, weight, weight_scale, weight_scale_2)
+        return _launch(x, weight, weight_scale, weight_scale_2, True, norm, eps)
+    if norm is None:
+        return torch.ops.kolibri_plugins.nvfp4_gemv(x, weight, weight_scale, weight_scale_2)
+    return torch.ops.kolibri_plugins.nvfp4_gemv_norm(x, weight, weight_scale, weight_scale_2,
+                                                     norm, float(eps))

@@ -12,16 +12,17 @@ runs:
   test configs: ranks 16/32, intermediate 96) is padded with zero columns at load and the
   activation with zeros per call. The head slice in "nvfp4" goes to `nvfp4_gemv`. "bf16"
   groups (the exact-parity engine) run `ops.linear`, the reference's own product;
-- the glue around a linear is fused into its `fp8_gemv` call (`PluginLinear.__call__`): the
-  RMSNorm before qkv, the K/V of a commit, w13 and the spine's A (the norm prologue), the
-  residual adds after o_proj and down and of the predecessor's B term (the epilogue), SwiGLU
-  on w13 and silu on the spine's and predecessor's A. Norms not before a linear (taps, the
-  heads' final norm with its residual) go to the `add_rms_norm` plugin; the maths of
-  `ops.rms_norm` either way, bf16 copies of the gains made once. RoPE is a rotation
-  table per step (`plugin_glue.rope_rotation`, the values of `ops.rope_cos_sin`) applied in
-  two elementwise ops (`apply_rope_rotation`, bit for bit `ops.apply_rope`); the embedding
-  is the target's, bf16; activations bf16 (the dequantizing CPU reference runs fp32
-  activations through fp32 weights);
+- the glue around a linear is fused into its kernel call (`PluginLinear.__call__`,
+  `PluginHead.scores`): the RMSNorms before qkv, the K/V of a commit, w13, the spine's A, the
+  taps (one per tap: a segmented norm before `fuse`) and the head (the final norm) are the
+  GEMVs' prologue; the residual adds after o_proj, down and U (the heads' g = x_j + res) and
+  of the predecessor's B term, SwiGLU on w13 and silu on the spine's and predecessor's A are
+  their epilogue; the embedding rows of the drafts are gathered by B's loads; the greedy
+  pick is one `vocab_argmax`. The maths of `ops.rms_norm` (bf16 gains made once). RoPE is
+  a rotation table made once (`plugin_glue.rope_table`, the values of `ops.rope_cos_sin`)
+  applied in two elementwise ops (`apply_rope_rotation`, bit for bit `ops.apply_rope`) or
+  by the `rope_ring_write` plugin; the embedding is the target's, bf16; activations bf16
+  (the dequantizing CPU reference runs fp32 activations through fp32 weights);
 - the torch glue between the kernels is written for few launches (`plugin_glue.py`;
   `bench/count_drafter_ops.py` counts them): q and k are rotated in place in the QKV
   product, so keys and values reach the ring in one write per layer (a commit: one per
@@ -57,7 +58,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from kolibri_trt_plugins import add_rms_norm
 from kolibri_trt_plugins import ring_attention as ring_attention_kernel
 from kolibri_trt_plugins import rope_ring_write, vocab_argmax
 
@@ -187,12 +187,6 @@ class DrafterPlugin:
         n, k, ht = taps.shape
         return self.fuse(taps.reshape(n, k * ht), norm=self.tap_gain_cat,
                          eps=self.config.rms_norm_eps, norm_segments=k)
-
-    def _norm(self, x: torch.Tensor, gain: torch.Tensor, residual: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The plugin norm of bf16 [T, H] rows (last-dim stride 1): (h, y) with h = x + residual
-        (x itself without one) and y = `ops.rms_norm(h, gain, eps)`, bit for bit on CPU."""
-        return add_rms_norm(x, residual, gain, self.config.rms_norm_eps)
 
     def _write_context(self, ring: DrafterRing, rows_x: torch.Tensor, rope: torch.Tensor,
                        slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -335,18 +329,18 @@ class DrafterPlugin:
         [S, B] (target ids) and fp32 logits [S, B, Vd] written into the given views (logits
         None: the argmax reads `PluginHead.scores`, bf16 for NVFP4: the values the fp32 copy
         holds exactly, so the same index); returns the states bf16 [S, B, H] if keep_states.
-        The predecessor's residual add is fused into the final norm (plugin)."""
+        The predecessor's residual add is U's epilogue, the final norm the head's prologue."""
         a, bm, u = self.predecessor
+        eps = self.config.rms_norm_eps
         states = []
         for j in range(x.shape[1]):
             xj = x[:, j]                                   # [S, H] view, row stride B*H
-            res = None if j == 0 else u(a(xj, act="silu", residual=bm(
-                self.embed_tokens, x_rows=drafts[:, j - 1])))    # B·E[d_{j-1}]: one launch
-            g, normed = self._norm(xj, self.norm_bf16, res)   # g = xj + res (xj without)
-            if logits is None:
-                scores = self.head.scores(normed)
+            g = xj if j == 0 else u(a(xj, act="silu", residual=bm(      # B·E[d_{j-1}] gathered
+                self.embed_tokens, x_rows=drafts[:, j - 1])), residual=xj)   # g = xj + res
+            if logits is None:           # the final norm in the head's own launch
+                scores = self.head.scores(g, self.norm_bf16, eps)
             else:
-                self.head.into(normed, logits[:, j])
+                self.head.into(g, logits[:, j], self.norm_bf16, eps)
                 scores = logits[:, j]
             # the first maximum: ties go to the lower draft-vocabulary index (one launch)
             vocab_argmax(scores, self.draft_vocab, out=drafts[:, j])

@@ -136,21 +136,24 @@ class PluginHead:
             return ops.linear(x.float(), self.weight)
         return nvfp4_gemv(x, self.weight, self.scale, self.scale_2).float()
 
-    def into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+    def into(self, x: torch.Tensor, out: torch.Tensor, norm: torch.Tensor | None = None,
+             eps: float = 1e-6) -> None:
         """The logits of x into out, fp32 [M, Vd] (any row stride): the values of `self(x)`,
-        the NVFP4 head's bf16 converted by the copy (no `.float()` and no stacking after)."""
-        if self.fmt == "bf16":
-            out.copy_(ops.linear(x.float(), self.weight))
-        else:
-            out.copy_(nvfp4_gemv(x, self.weight, self.scale, self.scale_2))
+        the NVFP4 head's bf16 converted by the copy (no `.float()` and no stacking after).
+        norm: bf16 [H] gain of an RMSNorm applied to x first (`scores`)."""
+        out.copy_(self.scores(x, norm, eps))
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
+    def scores(self, x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-6
+               ) -> torch.Tensor:
         """The logits of x in the product's own dtype, [M, Vd]: bf16 for "nvfp4" (the values
         `self(x)` converts exactly to fp32, so their argmax is the same index), fp32 for
-        "bf16"; no conversion launch (the drafter's heads without logits)."""
+        "bf16"; no conversion launch (the drafter's heads without logits). norm: bf16 [H]
+        gain: x is RMS-normalised first (add_rms_norm's maths; fused into `nvfp4_gemv`)."""
         if self.fmt == "bf16":
+            if norm is not None:
+                x = add_rms_norm(x, None, norm, eps)[1]
             return ops.linear(x.float(), self.weight)
-        return nvfp4_gemv(x, self.weight, self.scale, self.scale_2)
+        return nvfp4_gemv(x, self.weight, self.scale, self.scale_2, norm=norm, eps=eps)
 
 
 @dataclass(frozen=True)

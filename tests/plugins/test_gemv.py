@@ -114,6 +114,23 @@ def test_fp8_fused_interpreter(interp_rne, monkeypatch, opts, split, M, N, K):
     assert T.rel_err(got, want) < FUSED_TOL
 
 
+@pytest.mark.parametrize("M,N,K", [(1, 33, 64), (4, 70, 256), (17, 9, 320)])
+def test_nvfp4_norm_interpreter(interp_rne, M, N, K):
+    """nvfp4_gemv's RMSNorm prologue (the drafter's final norm before its head) vs
+    add_rms_norm_ref then the product; the CPU path is that composition exactly."""
+    from kolibri_trt_plugins.add_rms_norm import add_rms_norm_ref
+    g = T.gen(M + N + K)
+    x = T.randn((M, K), g) * 3
+    w = T.nvfp4_weight(N, K, g)
+    gain = (1 + 0.5 * T.randn((K,), g).float()).to(torch.bfloat16)
+    want = nvfp4_gemv_ref(x, *w, norm=gain)
+    assert torch.equal(want, nvfp4_gemv_ref(add_rms_norm_ref(x, None, gain, 1e-6)[1], *w))
+    assert T.rel_err(nvfp4_gemv(x, *w, interpret=True, norm=gain), want) < FUSED_TOL
+    assert torch.equal(nvfp4_gemv(x, *w, norm=gain), want)
+    with pytest.raises(ValueError, match="^norm:"):
+        nvfp4_gemv(x, *w, norm=gain.float())
+
+
 @pytest.mark.parametrize("segs,K", [(3, 192), (3, 768), (2, 320)])
 @pytest.mark.parametrize("split", [1, 2])
 def test_fp8_segment_norm_interpreter(interp_rne, monkeypatch, segs, K, split):
