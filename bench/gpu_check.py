@@ -3,16 +3,16 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,moecompact,
-        splitk,norm,qknorm,gumbel,ringattn,ropering,vocabargmax]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,splitk,norm,
+        qknorm,gumbel,ringattn,ropering,vocabargmax]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, fp8gemv, fp8fused, moe, moecompact, splitk), gpu_check_misc.py (norm, qknorm, gumbel,
-vocabargmax) and
+(nvfp4, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, qknorm, gumbel, vocabargmax)
+and
 gpu_check_drafter.py (ringattn, ropering); the
 shared state (RESULTS, DEV, GRAPHS), TOL and the record / graph helpers in gpu_check_base.py.
 They are all importable from here as before (``gpu_check.load_plugins``, ``.RESULTS``,
@@ -59,7 +59,6 @@ from gpu_check_gemm import (  # noqa: F401
     check_fp8gemv,
     check_gemv_invariance,
     check_moe,
-    check_moe_compact,
     check_nvfp4,
     check_split_k,
 )
@@ -93,7 +92,6 @@ SECTIONS = {
     "fp8gemv": check_fp8gemv,
     "fp8fused": check_fp8fused,
     "moe": check_moe,
-    "moecompact": check_moe_compact,
     "splitk": check_split_k,
     "norm": check_norm,
     "qknorm": check_qk_norm_rope,

@@ -1,7 +1,7 @@
-"""gpu_check sections nvfp4, fp8gemv, fp8fused, moe, moecompact, splitk: the GEMV kernels (NVFP4,
-FP8; FP8 with its fused norm prologue / SwiGLU, silu, residual epilogues / row gather) and
-the MoE experts (per-unit launch, the compact work list, split-K) against their references,
-CUDA graph replay, batch invariance. Run through bench/gpu_check.py."""
+"""gpu_check sections nvfp4, fp8gemv, fp8fused, moe, splitk: the GEMV kernels (NVFP4, FP8; FP8
+with its fused norm prologue / SwiGLU, silu, residual epilogues / row gather) and the MoE experts
+(split-K too) against their references, CUDA graph replay, batch invariance. Run through
+bench/gpu_check.py."""
 
 from __future__ import annotations
 
@@ -168,40 +168,3 @@ def check_split_k(g, small):
     finally:
         f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN = saved
 
-
-def check_moe_compact(g, small):
-    """The MoE experts walking the work list (moe_experts.COMPACT_UNITS; plugins/moe_units.py):
-    the list against its reference, the output bit-identical to the per-unit launch, against
-    the reference, CUDA graph replay, batch invariance; 1, 64 and 128 programs, split-K too."""
-    import importlib
-    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
-    from kolibri_trt_plugins.moe_units import moe_units, moe_units_ref
-    for M, k, E in ((1, 6, 256), (16, 6, 256), (64, 6, 256), (64, 6, 8), (33, 5, 300)):
-        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).int().to(B.DEV)
-        units, count = moe_units(ids)
-        want, n = moe_units_ref(ids.cpu())
-        ok = int(count[0]) == n and torch.equal(units[:n].cpu(), want)
-        record(f"moe_units M={M} k={k} E={E}", ok, f"count={int(count[0])} want {n}")
-    saved = (me.COMPACT_UNITS, me.UNIT_PROGRAMS, me.SPLIT_K_GATED)
-    E, H, I_, Is, k, Ms = ((8, 512, 96, 160, 2, (1, 3, 33, 70)) if small else
-                           (256, 2560, 768, 768, 6, (1, 3, 16, 64, 70)))
-    wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
-    try:
-        for programs, sg in ((64, 1), (1, 1), (128, 1), (64, 2)):
-            tag = f"moe COMPACT_UNITS programs={programs} SPLIT_K={sg},1"
-            for M in Ms:
-                x = T.randn((M, H), g, device=B.DEV)
-                me.COMPACT_UNITS, me.SPLIT_K_GATED = False, sg
-                per_unit = moe_forward(x, *wts, top_k=k)
-                me.COMPACT_UNITS, me.UNIT_PROGRAMS = True, programs
-                out = moe_forward(x, *wts, top_k=k)
-                e = T.rel_err(out, moe_forward_ref(x, *wts, top_k=k))
-                run = lambda: moe_forward(x, *wts, top_k=k)  # noqa: E731
-                msg = f"rel={e:.2e} same bits as per-unit: {torch.equal(out, per_unit)} "
-                msg += check_graph(tag, run, out)
-                record(f"{tag} E={E} H={H} I={I_} top{k} M={M}",
-                       e < TOL["moe"] and torch.equal(out, per_unit), msg)
-            x = T.randn((64, H), g, device=B.DEV)
-            check_gemv_invariance(tag, lambda xx: moe_forward(xx, *wts, top_k=k), x)
-    finally:
-        me.COMPACT_UNITS, me.UNIT_PROGRAMS, me.SPLIT_K_GATED = saved

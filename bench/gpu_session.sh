@@ -11,10 +11,9 @@
 #   PART=c bash bench/gpu_session.sh   the split-K sweeps of fp8_gemv and the MoE expert GEMM
 #       (bench/plugins.py; picks SPLIT_K per layer shape; ~5-8 min, mostly compilation).
 #                                                               carry: nothing
-#   PART=d bash bench/gpu_session.sh   the MoE work list (COMPACT_UNITS), the fused Gumbel-max
-#       sampler and the drafter's ring-attention / RoPE + ring-write kernels checked (graphs,
-#       batch invariance), then the MoE work list x tile widths sweep
-#       (~4 min).
+#   PART=d bash bench/gpu_session.sh   the fused Gumbel-max sampler and the drafter's
+#       ring-attention / RoPE + ring-write kernels checked (graphs, batch invariance), then the
+#       MoE expert tile widths sweep (~2 min).
 #                                                               carry: nothing
 #   PART=e bash bench/gpu_session.sh   the drafter's fused kernels (~9 min): fp8_gemv's fused
 #       options and vocab_argmax against their references; the drafter round's graphs (replay
@@ -75,7 +74,7 @@ case "${PART:-}" in
     step splitk_moe 280 python3 bench/plugins.py --only splitk_moe
     ;;
   d)
-    step compact_gumbel 240 python3 bench/gpu_check.py --only moecompact,gumbel,ringattn,ropering
+    step gumbel_drafter 240 python3 bench/gpu_check.py --only gumbel,ringattn,ropering
     step moe_tiles 330 python3 bench/plugins.py --only moe_tiles
     ;;
   e)

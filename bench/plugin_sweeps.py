@@ -128,17 +128,15 @@ def moe_bytes(xs, router, E=256, H=2560, inter=768, k=6):
 
 
 def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
-    """moe_experts work list (COMPACT_UNITS, UNIT_PROGRAMS) x tile widths, K unsplit; summary
-    lines: best per BLOCK_N_DOWN and per COMPACT_UNITS, one line per M (a tile width must be one
-    value per layer shape: read them across M; the work list changes no value)."""
+    """moe_experts tile widths, K unsplit; summary lines: best per BLOCK_N_DOWN and per
+    BLOCK_N_GATED, one line per M (a tile width must be one value per layer shape: read them
+    across M)."""
     import importlib
     me = importlib.import_module("kolibri_trt_plugins.moe_experts")
-    grid = (dict(COMPACT_UNITS=[False, True], UNIT_PROGRAMS=[64], BLOCK_N_GATED=[32, 64],
-                 BLOCK_N_DOWN=[128], num_warps=[4], num_stages=[3]) if quick else
-            dict(COMPACT_UNITS=[False, True], UNIT_PROGRAMS=[32, 64, 128], BLOCK_N_GATED=[32, 64],
-                 BLOCK_N_DOWN=[64, 128], num_warps=[4], num_stages=[3]))
-    current = dict(COMPACT_UNITS=me.COMPACT_UNITS, BLOCK_N_GATED=me.BLOCK_N_GATED,
-                   BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
+    grid = (dict(BLOCK_N_GATED=[32, 64], BLOCK_N_DOWN=[128], num_warps=[4], num_stages=[3])
+            if quick else
+            dict(BLOCK_N_GATED=[32, 64], BLOCK_N_DOWN=[64, 128], num_warps=[4], num_stages=[3]))
+    current = dict(BLOCK_N_GATED=me.BLOCK_N_GATED, BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
     wts = moe_weights(E, H, inter)
     for M in ms:
         xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
@@ -146,7 +144,7 @@ def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
         res = sweep_one(label, me, grid, lambda: [lambda x=x: moe_forward(x, *wts, top_k=k)
                                                   for x in xs], moe_bytes(xs, wts[0], E, H, inter, k))
         split_summary(label, res, "BLOCK_N_DOWN", current)
-        split_summary(label, res, "COMPACT_UNITS", current)
+        split_summary(label, res, "BLOCK_N_GATED", current)
 
 
 def bench_sweep(quick):

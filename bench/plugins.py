@@ -5,7 +5,7 @@ and run the INT4-key error study. One call:
     python3 bench/plugins.py [--only attn,gemv,moe,fold,study] [--quick] [--csv FILE]
     python3 bench/plugins.py --only splitk [--quick]   # fp8 GEMV + MoE tiling/split-K sweeps only
                                                        # (or splitk_gemv / splitk_moe: one each)
-    python3 bench/plugins.py --only moe_tiles [--quick] # MoE work list x tile widths
+    python3 bench/plugins.py --only moe_tiles [--quick] # MoE expert tile widths
 
 Timing: each measured call is captured (with R copies on R different input sets, so that the L2
 cache cannot serve the weights / KV) in one CUDA graph; the graph is replayed ITERS times between

@@ -15,11 +15,6 @@ s (plugins/_split_k.py) and stores unscaled fp32 partials [S, G, M, k+1, Np] (G 
 G = 1: down); ``_moe_split_combine_kernel`` sums them in the order s = 0..S-1 and applies the
 expert scale (and silu(gate)·up), writing the same act / out rows. S is a function of the layer
 shape only.
-
-Work list (``COMPACT_UNITS``, off by default until an H200 sweep decides): `moe_units.py` lists
-the distinct experts once per chunk; a fixed grid of min(UNIT_PROGRAMS, M·k + 1) programs per
-n-tile walks that list (the shared expert last), so no program starts only to find its expert
-taken. Which program runs an expert never changes a value.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
 from ._split_k import k_range, num_splits, sum_splits
-from .moe_units import moe_units
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
@@ -37,8 +31,6 @@ BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # H200 sweeps (plugins/NOTES.md: MoE tile
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
-COMPACT_UNITS = False   # True: programs walk moe_units' work list (bench/plugins.py moe_tiles)
-UNIT_PROGRAMS = 64      # programs per n-tile with COMPACT_UNITS (each walks every 64th entry)
 
 
 @jit
@@ -165,40 +157,26 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
                     tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
 
 
-
-
 @jit
-def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, units_ptr,
-                       count_ptr, M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
+def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
+                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
-                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
-                       COMPACT: tl.constexpr = False, HAS_SHARED: tl.constexpr = True):
-    """SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
-    so_s); program_id(2) is the K range. COMPACT: program p runs work-list entries j = p,
-    p + num_programs(0), ... < count (+ the shared expert at j = count; moe_units.py)."""
-    if COMPACT:
-        count = tl.load(count_ptr)
-        total = count + 1 if HAS_SHARED else count
-        for j in range(tl.program_id(0), total, tl.num_programs(0)):
-            is_shared = j == count
-            u = tl.load(units_ptr + j, mask=j < count, other=0)
-            e = tl.load(ids_ptr + u, mask=j < count, other=-1)
-            _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
-                  N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                  MT, M_P, K_P, DOT_F32, SPLIT)
-    else:
-        u = tl.program_id(0)
-        is_shared = u == M * TOPK
-        uu = tl.arange(0, U_P)
-        prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
-        e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
-        first = tl.sum((prev == e).to(tl.int32), 0) == 0
-        if first | is_shared:
-            _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
-                  N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                  MT, M_P, K_P, DOT_F32, SPLIT)
+                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+    """Program (u, n-tile[, K range]): unit u runs only if its expert first appears at u (or u is
+    the shared expert). SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at
+    +sp_g, slot stride so_s); program_id(2) is the K range."""
+    u = tl.program_id(0)
+    is_shared = u == M * TOPK
+    uu = tl.arange(0, U_P)
+    prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
+    e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
+    first = tl.sum((prev == e).to(tl.int32), 0) == 0
+    if first | is_shared:
+        _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
+              N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
+              MT, M_P, K_P, DOT_F32, SPLIT)
 
 
 @jit
@@ -237,22 +215,14 @@ def split_k_for(n: int, k: int, gated: bool) -> int:
     return SPLIT_K_GATED if gated else SPLIT_K_DOWN
 
 
-def plan_units(ids: torch.Tensor, interpret: bool = False):
-    """The work list shared by a chunk's gate_up and down launches: (units, count) from
-    :func:`moe_units.moe_units` when COMPACT_UNITS, else None (one program per unit)."""
-    return moe_units(ids, interpret) if COMPACT_UNITS else None
-
-
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
-                       interpret: bool = False, plan=None) -> None:
+                       interpret: bool = False) -> None:
     """Launch the grouped expert kernel for one chunk of <= 64 tokens (see module docstring).
 
     a: bf16 input rows (x [M, K] with sa_s = 0, or act [M, k+1, K] with sa_s = its slot stride);
     ids: int32 [M, k]; w: e4m3 [E, 2n|n, K]; ws: fp32 [E]; shw: e4m3 [1, 2n_sh|n_sh, K] or None;
-    shs: fp32 [1]; out: bf16 act [M, k+1, >= n] (gated) or fp32 [M, k+1, >= n] (down);
-    plan: :func:`plan_units` of ids, or None. With split_k_for(...) > 1: the expert kernel over
-    (units, n-tiles, S), then the combine. With a plan: min(UNIT_PROGRAMS, units) programs per
-    n-tile walk the work list instead of one program per (token, slot).
+    shs: fp32 [1]; out: bf16 act [M, k+1, >= n] (gated) or fp32 [M, k+1, >= n] (down).
+    With split_k_for(...) > 1: the expert kernel over (units, n-tiles, S), then the combine.
     """
     M, topk = ids.shape
     if M > MAX_TOKENS:
@@ -260,24 +230,21 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     units = M * topk + (1 if shw is not None else 0)
     bn = block_n_for(n, gated)
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
-    grid = (units if plan is None else min(UNIT_PROGRAMS, units), cdiv(max(n, n_sh_eff), bn))
+    grid = (units, cdiv(max(n, n_sh_eff), bn))
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
-    units_buf, count_buf = plan if plan is not None else (ids, ids)  # placeholders: never read
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
-                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, COMPACT=plan is not None,
-                HAS_SHARED=shw is not None, interpret=interpret, **TUNE)
+                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
-        launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, units_buf, count_buf, M, n,
-               k, n_sh, k_sh, a.stride(0), sa_s, out.stride(1), 0, 0, **meta)
+        launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
+               a.stride(0), sa_s, out.stride(1), 0, 0, **meta)
         return
     width = max(n, n_sh_eff)
     part = torch.empty((split, 2 if gated else 1, M, topk + 1, width), dtype=torch.float32,
                        device=out.device)
-    launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, units_buf,
-           count_buf, M, n, k, n_sh, k_sh, a.stride(0), sa_s, part.stride(3), part.stride(0),
-           part.stride(1), SPLIT=split, **meta)
+    launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, M, n, k, n_sh, k_sh,
+           a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split, **meta)
     launch(_moe_split_combine_kernel, (M * (topk + 1), cdiv(width, BLOCK_C)), part, ids, ws, shs,
            out, n, n_sh_eff, part.stride(0), part.stride(1), part.stride(3), out.stride(1),
            TOPK=topk, GATED=gated, SPLIT=split, BLOCK=BLOCK_C, num_warps=4, interpret=interpret)
