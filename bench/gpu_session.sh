@@ -22,6 +22,12 @@
 #       its acceptance and tokens/s per speculative mode, default and with the ring-attention
 #       kernel + fused sampler.
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=f bash bench/gpu_session.sh   where a drafter round's time goes (~9 min): the MoE tile
+#       widths by tokens (gpu_check moe: bits vs the reference, batch invariance across widths),
+#       the drafter round's graphs and timing, profile_generate (unprofiled step / propose /
+#       drafter split per pass) with the dense and the kernel ring attention, and the
+#       acceptance eval with 3 prompts per category, 192 tokens, medians of 3 repeats.
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -81,13 +87,29 @@ case "${PART:-}" in
     unpack carry-b
     step kernels 170 python3 bench/gpu_check.py --only fp8gemv,fp8fused,vocabargmax
     step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
-      --only graphs round
+      --prompts-file engines/prompts/spec_bench_question.jsonl --only graphs round
     step acceptance 150 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
       --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
       --max-tokens 128 --json "$OUT/eval_h200.json"
     step acceptance_opt 150 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
       --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
-      --max-tokens 128 --drafter-attention kernel --fused-sampler --json "$OUT/eval_opt.json"
+      --max-tokens 128 --drafter-attention kernel --json "$OUT/eval_opt.json"
+    ;;
+  f)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step moe 110 python3 bench/gpu_check.py --only moe
+    step drafter 60 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only graphs round
+    step profile_dense 90 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy drafter copy+drafter --max-tokens 128 \
+      --drafter-attention dense --out "$OUT/dense"
+    step profile_kernel 70 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes drafter copy+drafter --max-tokens 128 \
+      --drafter-attention kernel --out "$OUT/kernel"
+    step acceptance 210 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+      --max-tokens 192 --repeats 3 --drafter-attention kernel --json "$OUT/eval_h200.json"
     ;;
   b)
     unpack carry-b
@@ -98,12 +120,12 @@ case "${PART:-}" in
       --max-tokens 128 --json "$OUT/eval_h200.json"
     step acceptance_opt 120 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
       --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
-      --max-tokens 128 --drafter-attention kernel --fused-sampler --json "$OUT/eval_opt.json"
+      --max-tokens 128 --drafter-attention kernel --json "$OUT/eval_opt.json"
     step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a, b, c, d or e (see the header)" >&2
+    echo "PART must be a, b, c, d, e or f (see the header)" >&2
     exit 2
     ;;
 esac

@@ -108,6 +108,7 @@ def sweep_moe(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
                    SPLIT_K_GATED=me.SPLIT_K_GATED, SPLIT_K_DOWN=me.SPLIT_K_DOWN, **me.TUNE)
     grid = (dict(BLOCK_N_GATED=[32], BLOCK_N_DOWN=[64], num_stages=[3]) if quick else
             dict(BLOCK_N_GATED=[16, 32], BLOCK_N_DOWN=[32, 64], num_stages=[3]))
+    grid["TILES_BY_TOKENS"] = [False]     # the swept widths at every M
     wts = moe_weights(E, H, inter)
     for M in ms:
         xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
@@ -136,6 +137,7 @@ def sweep_moe_tiles(quick, ms=(1, 16, 64), E=256, H=2560, inter=768, k=6):
     grid = (dict(BLOCK_N_GATED=[32, 64], BLOCK_N_DOWN=[128], num_warps=[4], num_stages=[3])
             if quick else
             dict(BLOCK_N_GATED=[32, 64], BLOCK_N_DOWN=[64, 128], num_warps=[4], num_stages=[3]))
+    grid["TILES_BY_TOKENS"] = [False]     # the swept widths at every M
     current = dict(BLOCK_N_GATED=me.BLOCK_N_GATED, BLOCK_N_DOWN=me.BLOCK_N_DOWN, **me.TUNE)
     wts = moe_weights(E, H, inter)
     for M in ms:

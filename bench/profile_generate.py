@@ -45,12 +45,55 @@ def _dev_us(e) -> float:
     return 0.0
 
 
+def timed_split(llm, ids, params) -> dict:
+    """An unprofiled generate with wall-clock timers around the engine's steps, the proposal
+    (`LLMEngine._propose`: copy lookup + the drafter round, its sync included) and the drafter's
+    `propose_batch` alone: ms per target pass of each, and drafter rounds per pass."""
+    eng = llm.engine
+    acc = {"step": 0.0, "propose": 0.0, "drafter": 0.0, "drafter_rounds": 0}
+
+    def timed(obj, name, key, count=None):
+        orig = getattr(obj, name)
+
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **kw)
+            finally:
+                acc[key] += time.perf_counter() - t0
+                if count:
+                    acc[count] += 1
+        setattr(obj, name, run)
+        return lambda: setattr(obj, name, orig)
+
+    undo = [timed(eng, "step", "step"), timed(eng, "_propose", "propose")]
+    if eng.speculator.drafter is not None:
+        undo.append(timed(eng.speculator.drafter, "propose_batch", "drafter", "drafter_rounds"))
+    eng.stats = SpecMetrics()
+    try:
+        t0 = time.perf_counter()
+        llm.generate(ids, params)
+        wall = time.perf_counter() - t0
+    finally:
+        for u in undo:
+            u()
+    passes = max(1, eng.stats.target_passes)
+    return {"wall_ms_per_pass": wall * 1e3 / passes,
+            "step_ms_per_pass": acc["step"] * 1e3 / passes,
+            "propose_ms_per_pass": acc["propose"] * 1e3 / passes,
+            "drafter_ms_per_round": acc["drafter"] * 1e3 / max(1, acc["drafter_rounds"]),
+            "drafter_rounds_per_pass": acc["drafter_rounds"] / passes}
+
+
 def profile_mode(args, mode: str, prompts: list) -> dict:
-    """One mode: warm-up, then the profiled generate; the figures of the module docstring."""
-    llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device)
+    """One mode: warm-up, an unprofiled timed run (`timed_split`), then the profiled generate;
+    the figures of the module docstring."""
+    llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device,
+              drafter_attention=args.drafter_attention)
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
+    split = timed_split(llm, ids, params)
     llm.engine.stats = SpecMetrics()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
     with profile(activities=acts) as prof:
@@ -66,7 +109,7 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     busy_ms = sum(r[2] for r in kernels) / 1e3
     host = sorted(((e.key, e.count, e.self_cpu_time_total) for e in rows),
                   key=lambda r: -r[2])
-    return {"mode": mode, "wall_s": wall, "tokens": sum(len(o.token_ids) for o in outs),
+    return {"mode": mode, "unprofiled": split, "wall_s": wall, "tokens": sum(len(o.token_ids) for o in outs),
             "target_passes": passes, "tau": llm.engine.stats.acceptance_length,
             "wall_ms_per_pass": wall * 1e3 / passes, "device_busy_ms_per_pass": busy_ms / passes,
             "top_host_ops": [dict(op=k[:100], calls=c, self_cpu_ms=t / 1e3)
@@ -80,6 +123,11 @@ def report(r: dict) -> None:
     print(f"== {r['mode']}: {r['tokens']} tokens in {r['wall_s']:.3f} s, {r['target_passes']} "
           f"passes (tau {r['tau'] or 1:.2f}): {r['wall_ms_per_pass']:.3f} ms/pass wall, "
           f"{r['device_busy_ms_per_pass']:.3f} ms/pass kernels, host share {host_share:.0%}")
+    u = r["unprofiled"]
+    print(f"   unprofiled: {u['wall_ms_per_pass']:.3f} ms/pass wall, of it step "
+          f"{u['step_ms_per_pass']:.3f} (propose {u['propose_ms_per_pass']:.3f}); drafter "
+          f"{u['drafter_ms_per_round']:.3f} ms/round, {u['drafter_rounds_per_pass']:.2f} "
+          f"rounds/pass")
     for x in r["top_host_ops"][:10]:
         print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
     for x in r["top_kernels"][:10]:
@@ -95,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=["off", "copy", "drafter", "copy+drafter"])
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"])
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     prompts = load_prompts(args.prompts_file, per_category=args.per_category,

@@ -27,7 +27,15 @@ from ._split_k import k_range, num_splits, sum_splits
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
 BLOCK_K = 256
-BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # H200 sweeps (plugins/NOTES.md: MoE tiles)
+BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS False: sweeps)
+# Output columns per program by tokens in the chunk (TILES_BY_TOKENS): (up to M tokens, width)
+# per pass, from the H200 sweep of 2026-11-30 (bench/results/h200-2026-11-30c/d_moe_tiles.log):
+# gate_up 64 wins at M=64 (807 vs 852 µs, down 128) and loses at M=1 and 16; down 64 wins at
+# M=1 (50.1 vs 53.4 µs). The N tile only groups output columns: no output's K order changes
+# (16-row mma tiles), so the bits do not depend on it (gpu_check moe: batch invariance
+# M=1,3,16 vs 64).
+TILES_BY_TOKENS = True
+TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128))}  # gated?
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
@@ -204,9 +212,13 @@ def _moe_split_combine_kernel(p_ptr, ids_ptr, ws_ptr, shs_ptr, o_ptr, N, N_SH, s
         tl.store(o_ptr + ooff, g * scale, mask=nmask)
 
 
-def block_n_for(n: int, gated: bool) -> int:
-    """Output columns per program (a function of the layer shape only)."""
-    return BLOCK_N_GATED if gated else BLOCK_N_DOWN
+def block_n_for(n: int, gated: bool, m: int = MAX_TOKENS) -> int:
+    """Output columns per program for a chunk of m tokens (TILE_N; the global widths when
+    TILES_BY_TOKENS is off): the N tiling only groups output columns, so it may follow the
+    batch without changing bits."""
+    if not TILES_BY_TOKENS:
+        return BLOCK_N_GATED if gated else BLOCK_N_DOWN
+    return next(w for most, w in TILE_N[gated] if m <= most)
 
 
 def split_k_for(n: int, k: int, gated: bool) -> int:
@@ -228,7 +240,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     if M > MAX_TOKENS:
         raise ValueError(f"ids: {M} tokens in one launch, at most {MAX_TOKENS}")
     units = M * topk + (1 if shw is not None else 0)
-    bn = block_n_for(n, gated)
+    bn = block_n_for(n, gated, M)
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
     grid = (units, cdiv(max(n, n_sh_eff), bn))
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)

@@ -3,7 +3,8 @@
 
     python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
-        [--drafter-attention dense|sdpa|kernel] [--fused-sampler]
+        [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
+        [--repeats R]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -75,23 +77,36 @@ def run_mode(args, mode: str, prompts, temps) -> dict:
                      SamplingParams(max_tokens=2))
         rows = {}
         for cat in dict.fromkeys(p.category for p in prompts):
-            ps = [p for p in prompts if p.category == cat]
-            ids = [prompt_ids(llm, p, args.template) for p in ps]
-            t0 = time.perf_counter()
-            res = llm.generate(ids, params)
-            dt = time.perf_counter() - t0
-            m = SpecMetrics()
-            for r in res:
-                m.merge(r.metrics.spec)
-            dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
-            dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
-            rows[cat] = {"tokens_per_s": sum(len(r.token_ids) for r in res) / dt,
-                         "decode_tokens_per_s": dec_n / dec_t if dec_t > 0 else None,
-                         "tau": m.acceptance_length,
-                         "per_position": [round(x, 3) for x in m.acceptance_rate_per_position],
-                         "prompt_ids": ids, "token_ids": [r.token_ids for r in res]}
+            ids = [prompt_ids(llm, p, args.template) for p in prompts if p.category == cat]
+            rows[cat] = timed_category(llm, ids, params, args.repeats)
         out[temp] = rows
     return out
+
+
+def timed_category(llm, ids: list[list[int]], params, repeats: int) -> dict:
+    """Generate one category's prompts `repeats` times (one stream at a time); the speeds are
+    the medians over the repeats (seconds from `RequestMetrics`), the tokens and metrics those
+    of the first run (every run gives the same tokens: greedy, or keyed sampling)."""
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = llm.generate(ids, params)
+        dt = time.perf_counter() - t0
+        dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
+        dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
+        runs.append((res, sum(len(r.token_ids) for r in res) / dt,
+                     dec_n / dec_t if dec_t > 0 else None))
+    res = runs[0][0]
+    m = SpecMetrics()
+    for r in res:
+        m.merge(r.metrics.spec)
+    decode = [d for _, _, d in runs if d is not None]
+    return {"tokens_per_s": statistics.median(t for _, t, _ in runs),
+            "decode_tokens_per_s": statistics.median(decode) if decode else None,
+            "decode_tokens_per_s_runs": decode,
+            "tau": m.acceptance_length,
+            "per_position": [round(x, 3) for x in m.acceptance_rate_per_position],
+            "prompt_ids": ids, "token_ids": [r.token_ids for r in res]}
 
 
 @torch.no_grad()
@@ -170,15 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"],
                     help="the drafter's ring attention on the kernel path (EngineArgs)")
-    ap.add_argument("--fused-sampler", action="store_true",
-                    help="sample through the fused kernel (kolibri_trt.sampling.FUSED_SAMPLER)")
+    ap.add_argument("--sampler", choices=("fused", "torch"), default="fused",
+                    help="sampled rows through the fused kernel (kolibri_trt.sampling."
+                         "FUSED_SAMPLER, the default) or the torch ops")
     ap.add_argument("--drafter-depth", type=int, default=None,
                     help="drafter passes per round (default: the drafter's serving_defaults)")
     ap.add_argument("--prompts-dir", type=Path, default=PROMPTS,
                     help="folder with spec_bench_question.jsonl and human_eval.jsonl.gz")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="time each category this many times; report the median speed")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    sampling.FUSED_SAMPLER = args.fused_sampler
+    if args.repeats < 1:
+        ap.error(f"--repeats: must be >= 1, got {args.repeats}")
+    sampling.FUSED_SAMPLER = args.sampler == "fused"
     prompts = load_eval_prompts(args)
     results = {m: run_mode(args, m, prompts, args.temperatures) for m in MODES}
     for m in MODES:
