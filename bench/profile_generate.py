@@ -89,7 +89,7 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     """One mode: warm-up, an unprofiled timed run (`timed_split`), then the profiled generate;
     the figures of the module docstring."""
     llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device,
-              drafter_attention=args.drafter_attention)
+              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate)
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=["off", "copy", "drafter", "copy+drafter"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"])
+    ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     prompts = load_prompts(args.prompts_file, per_category=args.per_category,

@@ -21,6 +21,7 @@ from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
 from ..spec.plugin_drafter_proposer import PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
+from ..spec.drafter_gate import GATES
 from ..spec.speculator import Speculator
 from ..spec.verify import Verdict, rejection_sample, target_probs, verify_batch
 from ..tokenizer import KolibriTokenizer
@@ -52,6 +53,9 @@ class EngineArgs:
     num_speculative_tokens: int = 8      # draft tokens per stream and pass, at most
     drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
     drafter_attention: str = "dense"     # plugins path: "dense" | "sdpa" | "kernel" (one kernel)
+    # a stream without a copy draft gets a drafter round: "always", or "adaptive" (only while
+    # its accepted drafts pay for the round's measured time: spec/drafter_gate.py)
+    drafter_gate: str = "always"
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
@@ -65,6 +69,9 @@ class EngineArgs:
         if self.acceptance_method not in ACCEPTANCE_METHODS:
             raise ValueError(f"acceptance_method: must be one of {list(ACCEPTANCE_METHODS)}, "
                              f"got {self.acceptance_method!r}")
+        if self.drafter_gate not in GATES:
+            raise ValueError(f"drafter_gate: must be one of {list(GATES)}, got "
+                             f"{self.drafter_gate!r}")
         if self.drafter_attention not in DRAFTER_ATTENTION:
             raise ValueError(f"drafter_attention: must be one of {list(DRAFTER_ATTENTION)}, got "
                              f"{self.drafter_attention!r}")
@@ -148,7 +155,8 @@ class LLMEngine:
         self._ids = itertools.count()
         proposer = self._load_proposer(Path(engine_dir), target) if "drafter" in speculative \
             else None
-        self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens)
+        self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
+                                     gate=self.args.drafter_gate)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
         if isinstance(self.runner, PluginRunner) and self.runner.use_graphs:
@@ -252,6 +260,7 @@ class LLMEngine:
         """One batched target pass: propose drafts, verify every stream's drafts together,
         commit what was accepted. Returns the requests that committed tokens."""
         drafts = self._propose()
+        t_pass = time.perf_counter()
         scheduled = self.scheduler.schedule({rid: len(d[0]) for rid, d in drafts.items()})
         if not scheduled:
             return []
@@ -273,11 +282,13 @@ class LLMEngine:
             verdict = verdicts[rid]
             step = self._commit(seq, verdict.tokens)
             self._record(step, sources[:len(d)], verdict.num_accepted)
+            self.speculator.record_outcome(rid, sources[:len(d)], verdict.num_accepted)
             if not step.output.finished:
                 seq.num_computed += verdict.num_accepted
                 self._observe(seq, item.start, taps, first,
                               item.num_tokens + verdict.num_accepted, step.new_token_ids)
             outputs.append(step)
+        self.speculator.record_pass(time.perf_counter() - t_pass)
         return outputs
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,

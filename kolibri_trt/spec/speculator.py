@@ -7,19 +7,23 @@ committed positions) reach the copy index and the drafter's state.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .copy_proposer import CopyIndex
+from .drafter_gate import DrafterGate
 from .drafter_proposer import DrafterProposer
 
 MODES = ("off", "copy", "drafter", "copy+drafter")
 
 
 class Speculator:
-    """Per-stream proposers. `limit` caps the drafts of one pass (copy and drafter)."""
+    """Per-stream proposers. `limit` caps the drafts of one pass (copy and drafter);
+    `gate`: when a stream without a copy draft gets a drafter round (`drafter_gate.GATES`)."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
-                 min_ngram: int = 2, max_ngram: int = 4):
+                 min_ngram: int = 2, max_ngram: int = 4, gate: str = "always"):
         if mode not in MODES:
             raise ValueError(f"speculative: must be one of {list(MODES)}, got {mode!r}")
         if "drafter" in mode and drafter is None:
@@ -28,6 +32,7 @@ class Speculator:
             raise ValueError(f"num_speculative_tokens: must be >= 1, got {limit}")
         self.mode, self.drafter, self.limit = mode, drafter, limit
         self.ngram = (min_ngram, max_ngram)
+        self.gate = DrafterGate(gate, drafter.num_drafts if drafter is not None else 1)
         self.copy: dict[str, CopyIndex] = {}
 
     @property
@@ -41,6 +46,7 @@ class Speculator:
 
     def drop(self, request_id: str) -> None:
         self.copy.pop(request_id, None)
+        self.gate.drop(request_id)
         if self.drafter is not None:
             self.drafter.reset(request_id)
 
@@ -58,11 +64,13 @@ class Speculator:
             drafts = self.propose_copy(rid, tokens, k)
             if drafts:
                 out[rid] = (drafts, ["copy"] * len(drafts))
-            elif self.needs_taps:
+            elif self.needs_taps and self.gate.wants(rid):
                 misses.append((rid, tokens, k))
         if misses:
             b = self.drafter.drafter.config.block_size
+            t0 = time.perf_counter()
             proposals = self.drafter.propose_batch([(rid, tokens) for rid, tokens, _ in misses])
+            self.gate.record_round(time.perf_counter() - t0)
             for rid, _, k in misses:
                 drafts = proposals.get(rid, [])[:k]
                 if drafts:
@@ -73,6 +81,15 @@ class Speculator:
     def propose_copy(self, request_id: str, tokens: list[int], k: int) -> list[int]:
         """Copy drafts for one stream (up to k), or [] on a miss or without copy drafting."""
         return self.copy[request_id].propose(k) if "copy" in self.mode else []
+
+    def record_outcome(self, request_id: str, sources: list[str], accepted: int) -> None:
+        """After verification: `accepted` of the stream's drafts (their sources) were taken."""
+        if sources and sources[0].startswith("drafter"):
+            self.gate.record_outcome(request_id, accepted)
+
+    def record_pass(self, seconds: float) -> None:
+        """Wall seconds of the step's target pass, verification and commit (the gate's unit)."""
+        self.gate.record_pass(seconds)
 
     def observe(self, request_id: str, start: int, taps: torch.Tensor | None,
                 committed: list[int]) -> None:
