@@ -28,6 +28,11 @@
 #       drafter split per pass) with the dense and the kernel ring attention, and the
 #       acceptance eval with 3 prompts per category, 192 tokens, medians of 3 repeats.
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=g bash bench/gpu_session.sh   overlapped drafter rounds (~8 min): the acceptance eval
+#       (3 prompts per category, 192 tokens, medians of 3) with the new defaults (kernel ring
+#       attention, rounds prefetched after each step), again with the adaptive drafter gate;
+#       full-size decode steps and drafter pass (the MoE tiles by tokens, the fused drafter).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -111,6 +116,16 @@ case "${PART:-}" in
       --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
       --max-tokens 192 --repeats 3 --drafter-attention kernel --json "$OUT/eval_h200.json"
     ;;
+  g)
+    unpack carry-b
+    step acceptance 140 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+      --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
+    step acceptance_adaptive 140 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+      --max-tokens 192 --repeats 3 --drafter-gate adaptive --json "$OUT/eval_adaptive.json"
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,drafter --budget 160
+    ;;
   b)
     unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
@@ -125,7 +140,7 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a, b, c, d, e or f (see the header)" >&2
+    echo "PART must be a, b, c, d, e, f or g (see the header)" >&2
     exit 2
     ;;
 esac

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=["off", "copy", "drafter", "copy+drafter"])
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"])
+    ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"])
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)

@@ -345,3 +345,26 @@ def test_engine_args_pick_the_drafter_attention(engines, off_tokens):
         assert [o.token_ids for o in llm.generate(PROMPTS, p)] == want
     with pytest.raises(ValueError, match="drafter_attention"):
         LLM(engines["fp8-nvfp4"], speculative="drafter", drafter_attention="flash")
+
+
+@pytest.mark.parametrize("mode", ["drafter", "copy+drafter"])
+def test_engine_with_overlapped_drafter_rounds_is_lossless(engines, off_tokens, mode):
+    """drafter_overlap: each step's drafter round is launched right after the previous step
+    (`Speculator.prefetch`; on CPU it runs at once) and collected where drafts are needed:
+    the tokens of "off", and the drafts do come from the prefetched rounds."""
+    llm = LLM(engines["fp8-nvfp4"], speculative=mode, model_impl="plugins",
+              max_num_batched_tokens=64, drafter_overlap=True)
+    spec = llm.engine.speculator
+    assert spec.overlap and isinstance(spec.drafter, PluginDrafterProposer)
+    collected, synchronous = [], []
+    collect, batch = spec.drafter.collect, spec.drafter.propose_batch
+    spec.drafter.collect = lambda: collected.append(1) or collect()
+    spec.drafter.propose_batch = lambda items: synchronous.append(1) or batch(items)
+    for p, want in zip(LOSSLESS_PARAMS, off_tokens):
+        assert [o.token_ids for o in llm.generate(PROMPTS, p)] == want
+    assert llm.engine.stats.proposed["drafter_row0"] > 0
+    prefetched = len(collected) - len(synchronous)     # propose_batch collects once itself
+    assert prefetched > len(synchronous)     # most rounds were prefetched, not run on demand
+    with pytest.raises(ValueError, match="^drafter_overlap:"):
+        LLM(engines["fp8-nvfp4"], speculative=mode, model_impl="reference",
+            drafter_overlap=True)

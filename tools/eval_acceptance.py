@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--template", choices=("raw", "chat"), default="raw")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--drafter-attention", default="dense", choices=["dense", "sdpa", "kernel"],
+    ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"],
                     help="the drafter's ring attention on the kernel path (EngineArgs)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"],
                     help="when a copy miss gets a drafter round (EngineArgs.drafter_gate)")

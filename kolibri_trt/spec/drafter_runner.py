@@ -268,12 +268,23 @@ class DrafterRunner:
     def read_drafts(self, drafts: torch.Tensor) -> list[list[int]]:
         """drafts int64 [S, depth*B] on the device (`step`) -> S lists of ints. On CUDA: one
         non-blocking copy into pinned memory and one event wait (the round's only sync)."""
+        return self.finish_read(self.start_read(drafts))
+
+    @torch.no_grad()
+    def start_read(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Enqueue the copy of drafts int64 [S, depth*B] to the host (CUDA: into pinned memory,
+        on the current stream, then an event); returns what `finish_read` takes."""
         if self.copied is None:
-            return drafts.tolist()
+            return drafts
         host = self.host_drafts[:drafts.shape[0]]
         host.copy_(drafts, non_blocking=True)
         self.copied.record()
-        self.copied.synchronize()
+        return host
+
+    def finish_read(self, host: torch.Tensor) -> list[list[int]]:
+        """Wait for `start_read`'s copy (CUDA: one event wait) -> S lists of ints."""
+        if self.copied is not None:
+            self.copied.synchronize()
         return host.tolist()
 
     # ---- graphs --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ observations, so a preempted stream that has not come back goes before a running
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,10 @@ class PluginDrafterProposer:
         self.drafter, self.depth = drafter, depth
         self.runner = DrafterRunner(drafter, depth, max_streams, use_graphs, **runner_options)
         self.streams: dict[str, _Stream] = {}
+        # CUDA: the rounds' own stream (`launch` overlaps them with the target's next pass)
+        self.stream = torch.cuda.Stream(drafter.device) if drafter.device.type == "cuda" \
+            else None
+        self._inflight: tuple[list[str], torch.Tensor] | None = None
         self.free = list(range(max_streams - 1, -1, -1))
         self.evicted: set[str] = set()
         self._clock = 0
@@ -101,7 +106,8 @@ class PluginDrafterProposer:
             self.reset(victim)
             self.evicted.add(victim)
         slot = self.free.pop()
-        self.runner.ring.clear(slot)
+        with self._on_stream():                # after any round still writing the ring
+            self.runner.ring.clear(slot)
         st = self.streams[request_id] = _Stream(slot, last_used=self._clock)
         return st
 
@@ -165,13 +171,48 @@ class PluginDrafterProposer:
 
         items: (request_id, tokens = prompt + output; the newest token is the anchor's next
         token). Streams whose committed positions do not reach the anchor yet get none. The
-        round computes no logits (`DrafterRunner.step`)."""
+        round computes no logits (`DrafterRunner.step`). `launch` then `collect`."""
+        self.launch(items)
+        return self.collect()
+
+    @torch.no_grad()
+    def launch(self, items: list[tuple[str, list[int]]]) -> None:
+        """Start the round of `items` (`propose_batch`'s) without waiting for it: on CUDA it
+        runs on the proposer's own stream (after what the current stream has enqueued, e.g.
+        the target pass whose taps it reads), so it overlaps the host's and the target's next
+        work; `collect` returns its drafts. A round launched and never collected is simply
+        superseded: its commit rows stay (the stream's state advanced), its drafts go unread."""
         batch = self._collect(items)
         if batch is None:
+            self._inflight = None
+            return
+        ready, pieces, rows, commit, rnd = batch
+        with self._on_stream(pieces):
+            drafts, _ = self.runner.step(pieces, rows, commit, rnd)
+            self._inflight = (ready, self.runner.start_read(drafts))
+
+    def collect(self) -> dict[str, list[int]]:
+        """The drafts of the last `launch` (waits for them: the round's one host sync), by
+        request id; {} when it had no ready stream or was collected already."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
             return {}
-        ready, *inputs = batch
-        drafts, _ = self.runner.step(*inputs)
-        return dict(zip(ready, self.runner.read_drafts(drafts)))
+        ready, host = inflight
+        return dict(zip(ready, self.runner.finish_read(host)))
+
+    @contextmanager
+    def _on_stream(self, pieces: list[torch.Tensor] = ()):
+        """Enqueue on the proposer's stream (CUDA), after the current stream's work so far;
+        the taps pieces it reads are marked in use there (the allocator keeps them until
+        that stream is past them). CPU: nothing changes."""
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        for t in pieces:
+            t.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):
+            yield
 
     @torch.no_grad()
     def propose_tensors(self, items: list[tuple[str, list[int]]]):
@@ -181,7 +222,10 @@ class PluginDrafterProposer:
         if batch is None:
             return None
         ready, *inputs = batch
-        drafts, logits = self.runner.step(*inputs, logits=True)
+        with self._on_stream(inputs[0]):
+            drafts, logits = self.runner.step(*inputs, logits=True)
+        if self.stream is not None:        # the caller reads them on its stream
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
         return ready, drafts, logits
 
     def _collect(self, items: list[tuple[str, list[int]]]):

@@ -20,10 +20,15 @@ MODES = ("off", "copy", "drafter", "copy+drafter")
 
 class Speculator:
     """Per-stream proposers. `limit` caps the drafts of one pass (copy and drafter);
-    `gate`: when a stream without a copy draft gets a drafter round (`drafter_gate.GATES`)."""
+    `gate`: when a stream without a copy draft gets a drafter round (`drafter_gate.GATES`);
+    `overlap`: the engine calls `prefetch` after each step, which starts the next step's
+    drafter round for every decoding stream at once (a proposer with `launch` / `collect`,
+    `PluginDrafterProposer`: on CUDA its own stream), so the round runs while the host
+    prepares the next step; `propose_all` then waits only where a copy lookup missed."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
-                 min_ngram: int = 2, max_ngram: int = 4, gate: str = "always"):
+                 min_ngram: int = 2, max_ngram: int = 4, gate: str = "always",
+                 overlap: bool = False):
         if mode not in MODES:
             raise ValueError(f"speculative: must be one of {list(MODES)}, got {mode!r}")
         if "drafter" in mode and drafter is None:
@@ -33,6 +38,11 @@ class Speculator:
         self.mode, self.drafter, self.limit = mode, drafter, limit
         self.ngram = (min_ngram, max_ngram)
         self.gate = DrafterGate(gate, drafter.num_drafts if drafter is not None else 1)
+        if overlap and not hasattr(drafter, "launch"):
+            raise ValueError("drafter_overlap: needs the drafter's kernel path "
+                             "(PluginDrafterProposer)")
+        self.overlap = overlap and self.needs_taps
+        self.prefetched: set[str] | None = None   # streams of the round in flight
         self.copy: dict[str, CopyIndex] = {}
 
     @property
@@ -55,7 +65,9 @@ class Speculator:
         """Drafts for every stream of the round: items are (request_id, tokens = prompt +
         output, room = most drafts allowed). Copy drafts first; the streams that got none
         are drafted by the block drafter together, in one batched pass per depth step.
-        Returns request_id -> (drafts, source of each draft), for streams with drafts."""
+        Returns request_id -> (drafts, source of each draft), for streams with drafts. A
+        prefetched round counts for this call only."""
+        pre, self.prefetched = self.prefetched, None
         out, misses = {}, []
         for rid, tokens, room in items:
             k = min(self.limit, room)
@@ -69,7 +81,7 @@ class Speculator:
         if misses:
             b = self.drafter.drafter.config.block_size
             t0 = time.perf_counter()
-            proposals = self.drafter.propose_batch([(rid, tokens) for rid, tokens, _ in misses])
+            proposals = self._drafter_round(misses, pre)
             self.gate.record_round(time.perf_counter() - t0)
             for rid, _, k in misses:
                 drafts = proposals.get(rid, [])[:k]
@@ -77,6 +89,25 @@ class Speculator:
                     out[rid] = (drafts, ["drafter_row0" if i % b == 0 else "drafter_rows1+"
                                          for i in range(len(drafts))])
         return out
+
+    def _drafter_round(self, misses: list[tuple[str, list[int], int]],
+                       pre: set[str] | None) -> dict[str, list[int]]:
+        """The drafter's drafts for `misses`: the prefetched round's (streams `pre`) where it
+        covers them (waiting for it), a round now for the others."""
+        got = self.drafter.collect() if pre and any(r in pre for r, _, _ in misses) else {}
+        rest = [(rid, tokens) for rid, tokens, _ in misses if not pre or rid not in pre]
+        if rest:
+            got.update(self.drafter.propose_batch(rest))
+        return got
+
+    def prefetch(self, items: list[tuple[str, list[int], int]]) -> None:
+        """After a step (overlap only): start the next step's drafter round for every stream
+        of `items` (propose_all's) that may draft, without waiting."""
+        if not self.overlap or self.mode == "off":
+            return
+        ready = [(rid, tokens) for rid, tokens, room in items if min(self.limit, room) > 0]
+        self.drafter.launch(ready)
+        self.prefetched = {rid for rid, _ in ready}
 
     def propose_copy(self, request_id: str, tokens: list[int], k: int) -> list[int]:
         """Copy drafts for one stream (up to k), or [] on a miss or without copy drafting."""
