@@ -33,6 +33,10 @@
 #       attention, rounds prefetched after each step), again with the adaptive drafter gate;
 #       full-size decode steps and drafter pass (the MoE tiles by tokens, the fused drafter).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=h bash bench/gpu_session.sh   the acceptance eval (3 prompts per category, 192 tokens,
+#       medians of 3) with rounds prefetched only for the streams whose copy lookup will miss
+#       (~6 min, most of it compiling the kernels on first use).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -126,6 +130,12 @@ case "${PART:-}" in
       --max-tokens 192 --repeats 3 --drafter-gate adaptive --json "$OUT/eval_adaptive.json"
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,drafter --budget 160
     ;;
+  h)
+    unpack carry-b
+    step acceptance 320 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+      --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
+    ;;
   b)
     unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
@@ -140,7 +150,7 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a, b, c, d, e, f or g (see the header)" >&2
+    echo "PART must be a, b, c, d, e, f, g or h (see the header)" >&2
     exit 2
     ;;
 esac

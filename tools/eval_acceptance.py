@@ -11,8 +11,11 @@ Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarizati
 categories and HumanEval (`shared/data/prompts`), one stream at a time.
 1. End to end with `kolibri_trt.LLM`, for speculative = off, copy, drafter, copy+drafter,
    greedy and sampled: decode tokens/s per category (after the first token; the JSON also
-   has tokens/s over the whole wall time), tau (tokens per target pass), per-position
-   acceptance and the number of requests whose tokens differ from "off" (must be 0).
+   has tokens/s over the whole wall time; medians of --repeats runs), tau (tokens per target
+   pass), per-position acceptance, by source the target passes, copy drafts accepted /
+   proposed and drafter rounds with their drafts accepted per round (copy+drafter: the
+   drafter's acceptance where copy drafting missed), and the number of requests whose
+   tokens differ from "off" (must be 0).
 2. On the target's own output of step 1 (greedy, and sampled with the same seed), the
    seed's acceptance figures: for every anchor of the generated part, one drafter pass (the
    engine's target taps and drafter weights, dequantized, predecessor = the drafter's own
@@ -106,6 +109,9 @@ def timed_category(llm, ids: list[list[int]], params, repeats: int) -> dict:
             "decode_tokens_per_s_runs": decode,
             "tau": m.acceptance_length,
             "per_position": [round(x, 3) for x in m.acceptance_rate_per_position],
+            "target_passes": m.target_passes,
+            "drafter_rounds": m.proposed["drafter_row0"],
+            "accepted": dict(m.accepted), "proposed": dict(m.proposed),
             "prompt_ids": ids, "token_ids": [r.token_ids for r in res]}
 
 
@@ -171,6 +177,17 @@ def report(results, offline) -> None:
                 tau = f"{r['tau']:.2f}" if r["tau"] else "-"
                 cells.append(f"{r['decode_tokens_per_s'] or 0:7.1f} ({tau})")
             print(f"{cat:<15}" + "".join(f"{c:>14}" for c in cells))
+        print("by source (first run): target passes; copy accepted/proposed; drafter rounds, "
+              "drafts accepted per round")
+        for cat in cats:
+            cells = []
+            for m in MODES[1:]:
+                r = results[m][float(temp)][cat]
+                acc_d = r["accepted"]["drafter_row0"] + r["accepted"]["drafter_rows1+"]
+                per = f"{acc_d / r['drafter_rounds']:.2f}" if r["drafter_rounds"] else "-"
+                cells.append(f"{m} {r['target_passes']}; {r['accepted']['copy']}/"
+                             f"{r['proposed']['copy']}; {r['drafter_rounds']}, {per}")
+            print(f"{cat:<15}" + " | ".join(cells))
 
 
 def main(argv: list[str] | None = None) -> int:

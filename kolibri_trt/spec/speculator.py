@@ -22,9 +22,10 @@ class Speculator:
     """Per-stream proposers. `limit` caps the drafts of one pass (copy and drafter);
     `gate`: when a stream without a copy draft gets a drafter round (`drafter_gate.GATES`);
     `overlap`: the engine calls `prefetch` after each step, which starts the next step's
-    drafter round for every decoding stream at once (a proposer with `launch` / `collect`,
-    `PluginDrafterProposer`: on CUDA its own stream), so the round runs while the host
-    prepares the next step; `propose_all` then waits only where a copy lookup missed."""
+    drafter round at once for the streams that will need it (their copy lookup, a pure
+    function of the committed tokens, misses now as it will then; the gate agrees), on a
+    proposer with `launch` / `collect` (`PluginDrafterProposer`: on CUDA its own stream), so
+    the round runs while the host prepares the next step; `propose_all` waits for it."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
                  min_ngram: int = 2, max_ngram: int = 4, gate: str = "always",
@@ -43,6 +44,7 @@ class Speculator:
                              "(PluginDrafterProposer)")
         self.overlap = overlap and self.needs_taps
         self.prefetched: set[str] | None = None   # streams of the round in flight
+        self.prefetch_seen: set[str] = set()      # streams `prefetch` decided on
         self.copy: dict[str, CopyIndex] = {}
 
     @property
@@ -68,6 +70,7 @@ class Speculator:
         Returns request_id -> (drafts, source of each draft), for streams with drafts. A
         prefetched round counts for this call only."""
         pre, self.prefetched = self.prefetched, None
+        seen, self.prefetch_seen = self.prefetch_seen, set()
         out, misses = {}, []
         for rid, tokens, room in items:
             k = min(self.limit, room)
@@ -76,7 +79,7 @@ class Speculator:
             drafts = self.propose_copy(rid, tokens, k)
             if drafts:
                 out[rid] = (drafts, ["copy"] * len(drafts))
-            elif self.needs_taps and self.gate.wants(rid):
+            elif self.needs_taps and (rid in pre if rid in seen else self.gate.wants(rid)):
                 misses.append((rid, tokens, k))
         if misses:
             b = self.drafter.drafter.config.block_size
@@ -101,13 +104,20 @@ class Speculator:
         return got
 
     def prefetch(self, items: list[tuple[str, list[int], int]]) -> None:
-        """After a step (overlap only): start the next step's drafter round for every stream
-        of `items` (propose_all's) that may draft, without waiting."""
-        if not self.overlap or self.mode == "off":
+        """After a step (overlap only): start the next step's drafter round, without waiting,
+        for the streams of `items` (propose_all's) whose copy lookup misses and whose gate
+        says draft: exactly those `propose_all` will draft next (nothing changes between)."""
+        if not self.overlap:
             return
-        ready = [(rid, tokens) for rid, tokens, room in items if min(self.limit, room) > 0]
-        self.drafter.launch(ready)
+        ready = []
+        for rid, tokens, room in items:
+            k = min(self.limit, room)
+            if k > 0 and not self.propose_copy(rid, tokens, k) and self.gate.wants(rid):
+                ready.append((rid, tokens))
+        if ready:
+            self.drafter.launch(ready)
         self.prefetched = {rid for rid, _ in ready}
+        self.prefetch_seen = {rid for rid, _, _ in items}
 
     def propose_copy(self, request_id: str, tokens: list[int], k: int) -> list[int]:
         """Copy drafts for one stream (up to k), or [] on a miss or without copy drafting."""
