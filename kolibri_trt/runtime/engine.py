@@ -14,19 +14,18 @@ from pathlib import Path
 
 import torch
 
-from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
 from ..engine_format import TARGET_DIR
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
 from ..spec.plugin_drafter_proposer import PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
-from ..spec.drafter_gate import GATES
 from ..spec.speculator import Speculator
 from ..spec.verify import Verdict, rejection_sample, target_probs, verify_batch
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
 from .cuda_graphs import PluginRunner
+from .engine_args import ACCEPTANCE_METHODS, MODEL_IMPLS, EngineArgs  # noqa: F401 (re-exported)
 from .engine_loader import Manifest, load_drafter, load_target
 from .kv_cache import CacheGeometry, KVCache, bytes_per_token, ring_blocks_needed
 from .model_runner import ModelRunner
@@ -34,66 +33,6 @@ from .output import OutputProcessor, RequestOutput
 from .plugin_loader import load_plugin_target
 from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
-
-MODEL_IMPLS = ("auto", "reference", "plugins")
-ACCEPTANCE_METHODS = ("position-keyed", "rejection_sampler")
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    """Runtime limits. max_num_seqs: streams decoded together; max_model_len: tokens per
-    stream (prompt + output); kv_cache_memory: bytes for the KV cache; block_size: tokens per
-    cache block; max_num_batched_tokens: tokens per step (prefill chunk budget)."""
-
-    max_num_seqs: int = 8
-    max_model_len: int = 4096
-    kv_cache_memory: int = 1 << 30
-    block_size: int = 16
-    max_num_batched_tokens: int = 512
-    num_speculative_tokens: int = 8      # draft tokens per stream and pass, at most
-    drafter_depth: int | None = None     # None: the drafter's serving_defaults.depth
-    # the drafter's ring attention on the plugins path: "kernel" (ring_attention + rope_ring_write,
-    # one launch each per layer; H200: a round 0.63 -> 0.42 ms vs "dense"), "dense", "sdpa"
-    drafter_attention: str = "kernel"
-    # a stream without a copy draft gets a drafter round: "always", or "adaptive" (only while
-    # its accepted drafts pay for the round's measured time: spec/drafter_gate.py)
-    drafter_gate: str = "always"
-    # start each step's drafter round right after the previous step, overlapping the host's
-    # work (spec/speculator.py, `prefetch`): None = on with the drafter's kernel path on CUDA
-    drafter_overlap: bool | None = None
-    model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
-    enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
-    # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
-    # captured, capture_error_mode "thread_local"); without it TP on CUDA needs enforce_eager
-    tp_cuda_graphs: bool = False
-    # how sampled drafts are accepted: "position-keyed" (identical to non-speculative output)
-    # or "rejection_sampler" (Leviathan et al. 2023; same distribution, not the same tokens)
-    acceptance_method: str = "position-keyed"
-
-    def __post_init__(self) -> None:
-        if self.acceptance_method not in ACCEPTANCE_METHODS:
-            raise ValueError(f"acceptance_method: must be one of {list(ACCEPTANCE_METHODS)}, "
-                             f"got {self.acceptance_method!r}")
-        if self.drafter_gate not in GATES:
-            raise ValueError(f"drafter_gate: must be one of {list(GATES)}, got "
-                             f"{self.drafter_gate!r}")
-        if self.drafter_attention not in DRAFTER_ATTENTION:
-            raise ValueError(f"drafter_attention: must be one of {list(DRAFTER_ATTENTION)}, got "
-                             f"{self.drafter_attention!r}")
-        if self.model_impl not in MODEL_IMPLS:
-            raise ValueError(f"model_impl: must be one of {list(MODEL_IMPLS)}, got "
-                             f"{self.model_impl!r}")
-        if self.drafter_depth is not None and (not isinstance(self.drafter_depth, int)
-                                               or self.drafter_depth < 1):
-            raise ValueError(f"drafter_depth: must be None or an int >= 1, got "
-                             f"{self.drafter_depth!r}")
-        for name in ("max_num_seqs", "max_model_len", "kv_cache_memory", "block_size",
-                     "max_num_batched_tokens", "num_speculative_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be a positive int, got {value!r}")
-        if self.block_size not in (16, 32, 64, 128):
-            raise ValueError(f"block_size: must be one of 16, 32, 64, 128, got {self.block_size}")
 
 
 @dataclass(frozen=True)
