@@ -8,7 +8,8 @@
 For each mode: one warm-up generate over the prompts, then one profiled generate (one stream at
 a time). Prints and writes (DIR/profile_generate.json): wall seconds, target passes, wall ms per
 pass, device busy ms per pass (sum of kernel times), host-side share (wall - device busy),
-and the top ops by self CPU time and the top kernels by device time. The question it answers:
+an unprofiled run's split of a decode step into its parts (`timed_split`), and the top ops by
+self CPU time and the top kernels by device time. The question it answers:
 how much of a drafter round is GPU work and how much is host work (index tensors, copies,
 synchronisation, Python) — the cost that decides whether the drafter beats copy drafting on a
 small target.
@@ -45,14 +46,29 @@ def _dev_us(e) -> float:
     return 0.0
 
 
-def timed_split(llm, ids, params) -> dict:
-    """An unprofiled generate with wall-clock timers around the engine's steps, the proposal
-    (`LLMEngine._propose`: copy lookup + the drafter round, its sync included) and the drafter's
-    `propose_batch` alone: ms per target pass of each, and drafter rounds per pass."""
-    eng = llm.engine
-    acc = {"step": 0.0, "propose": 0.0, "drafter": 0.0, "drafter_rounds": 0}
+PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
+         ("verify", "engine", "_verify_all"), ("observe", "speculator", "observe"),
+         ("prefetch", "speculator", "prefetch"), ("drafter", "drafter", "propose_batch"),
+         ("launch", "drafter", "launch"), ("collect", "drafter", "collect"))
 
-    def timed(obj, name, key, count=None):
+
+def timed_split(llm, ids, params) -> dict:
+    """An unprofiled generate with wall-clock timers, counted over decode steps only (every
+    running stream past its prefill): ms per decode step of the whole step and of its parts,
+    the proposal (`LLMEngine._propose`: copy lookups + waiting for the drafter's drafts), the
+    target pass's launch (`runner.forward`), verification (`_verify_all`, its host sync
+    included), `Speculator.observe` and `prefetch`, the drafter's `propose_batch` (a round
+    on demand, launch + collect), `launch` (staging, upload, replays) and `collect` (waiting
+    for the drafts); drafter rounds per decode step."""
+    eng = llm.engine
+    objs = {"engine": eng, "runner": eng.runner, "speculator": eng.speculator,
+            "drafter": eng.speculator.drafter}
+    acc = dict.fromkeys(["step", "decode_steps", "drafter_rounds"] + [k for k, _, _ in PARTS],
+                        0.0)
+    state = {"decode": False}
+    round_key = "launch" if hasattr(objs["drafter"], "launch") else "drafter"
+
+    def wrap(obj, name, key):
         orig = getattr(obj, name)
 
         def run(*a, **kw):
@@ -60,29 +76,40 @@ def timed_split(llm, ids, params) -> dict:
             try:
                 return orig(*a, **kw)
             finally:
-                acc[key] += time.perf_counter() - t0
-                if count:
-                    acc[count] += 1
+                if state["decode"]:
+                    acc[key] += time.perf_counter() - t0
+                    acc["drafter_rounds"] += key == round_key
         setattr(obj, name, run)
         return lambda: setattr(obj, name, orig)
 
-    undo = [timed(eng, "step", "step"), timed(eng, "_propose", "propose")]
-    if eng.speculator.drafter is not None:
-        undo.append(timed(eng.speculator.drafter, "propose_batch", "drafter", "drafter_rounds"))
-    eng.stats = SpecMetrics()
+    def step_wrapper(orig):
+        def run():
+            running = eng.scheduler.running
+            state["decode"] = bool(running) and all(q.num_pending == 1 for q in running)
+            acc["decode_steps"] += state["decode"]
+            t0 = time.perf_counter()
+            try:
+                return orig()
+            finally:
+                if state["decode"]:
+                    acc["step"] += time.perf_counter() - t0
+                state["decode"] = False
+        return run
+
+    undo = [wrap(objs[o], n, k) for k, o, n in PARTS if hasattr(objs[o], n)]
+    orig_step = eng.step
+    eng.step = step_wrapper(orig_step)
     try:
-        t0 = time.perf_counter()
         llm.generate(ids, params)
-        wall = time.perf_counter() - t0
     finally:
+        eng.step = orig_step
         for u in undo:
             u()
-    passes = max(1, eng.stats.target_passes)
-    return {"wall_ms_per_pass": wall * 1e3 / passes,
-            "step_ms_per_pass": acc["step"] * 1e3 / passes,
-            "propose_ms_per_pass": acc["propose"] * 1e3 / passes,
-            "drafter_ms_per_round": acc["drafter"] * 1e3 / max(1, acc["drafter_rounds"]),
-            "drafter_rounds_per_pass": acc["drafter_rounds"] / passes}
+    n = max(1, acc["decode_steps"])
+    out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
+    out.update(decode_steps=int(acc["decode_steps"]),
+               drafter_rounds_per_step=acc["drafter_rounds"] / n)
+    return out
 
 
 def profile_mode(args, mode: str, prompts: list) -> dict:
@@ -109,7 +136,8 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     busy_ms = sum(r[2] for r in kernels) / 1e3
     host = sorted(((e.key, e.count, e.self_cpu_time_total) for e in rows),
                   key=lambda r: -r[2])
-    return {"mode": mode, "unprofiled": split, "wall_s": wall, "tokens": sum(len(o.token_ids) for o in outs),
+    return {"mode": mode, "unprofiled": split, "wall_s": wall,
+            "tokens": sum(len(o.token_ids) for o in outs),
             "target_passes": passes, "tau": llm.engine.stats.acceptance_length,
             "wall_ms_per_pass": wall * 1e3 / passes, "device_busy_ms_per_pass": busy_ms / passes,
             "top_host_ops": [dict(op=k[:100], calls=c, self_cpu_ms=t / 1e3)
@@ -124,10 +152,9 @@ def report(r: dict) -> None:
           f"passes (tau {r['tau'] or 1:.2f}): {r['wall_ms_per_pass']:.3f} ms/pass wall, "
           f"{r['device_busy_ms_per_pass']:.3f} ms/pass kernels, host share {host_share:.0%}")
     u = r["unprofiled"]
-    print(f"   unprofiled: {u['wall_ms_per_pass']:.3f} ms/pass wall, of it step "
-          f"{u['step_ms_per_pass']:.3f} (propose {u['propose_ms_per_pass']:.3f}); drafter "
-          f"{u['drafter_ms_per_round']:.3f} ms/round, {u['drafter_rounds_per_pass']:.2f} "
-          f"rounds/pass")
+    parts = ", ".join(f"{k} {u[k + '_ms']:.3f}" for k, _, _ in PARTS)
+    print(f"   unprofiled, per decode step ({u['decode_steps']} steps): {u['step_ms']:.3f} ms; "
+          f"{parts}; drafter rounds {u['drafter_rounds_per_step']:.2f} per step")
     for x in r["top_host_ops"][:10]:
         print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
     for x in r["top_kernels"][:10]:
