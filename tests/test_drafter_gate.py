@@ -7,36 +7,47 @@ from runtime_engines import small_drafter, small_target, write_engine
 from test_runtime import PROMPTS
 
 from kolibri_trt import LLM, SamplingParams
-from kolibri_trt.spec.drafter_gate import PROBE_EVERY, DrafterGate
+from kolibri_trt.spec.drafter_gate import PLAIN_EVERY, PROBE_EVERY, DrafterGate
 
 
 def test_always_drafts_and_adaptive_drafts_until_measured():
     always = DrafterGate("always", 4)
-    always.record_round(1.0)
-    always.record_pass(0.1)
+    always.record_step(1.0, drafted=True)
+    always.record_step(0.1, drafted=False)
     always.record_outcome("a", 0)
-    assert all(always.wants("a") for _ in range(20))
+    assert all(always.decide(["a", "b"]) == {"a", "b"} for _ in range(40))
     gate = DrafterGate("adaptive", 4)
-    assert gate.threshold is None and gate.wants("a")      # nothing measured yet: draft
+    assert gate.threshold is None and gate.decide(["a"]) == {"a"}   # nothing measured: draft
     gate.record_outcome("a", 0)
-    assert gate.wants("a")                                 # still no timings
+    gate.record_step(0.003, drafted=True)
+    assert gate.threshold is None and gate.decide(["a"]) == {"a"}   # no plain step timed yet
 
 
 def test_adaptive_skips_while_drafts_do_not_pay_and_probes_again():
     gate = DrafterGate("adaptive", 4)
-    gate.record_round(0.002)
-    gate.record_pass(0.001)                   # a round costs 2 passes: needs > 2 accepted
+    gate.record_step(0.003, drafted=True)
+    gate.record_step(0.001, drafted=False)    # a round costs 2 plain steps: needs > 2 accepted
     assert gate.threshold == pytest.approx(2.0)
-    assert gate.wants("new")                  # the optimistic start (4 accepted)
+    assert gate.decide(["new"]) == {"new"}    # the optimistic start (4 accepted)
     for _ in range(12):
         gate.record_outcome("bad", 0)         # EMA -> 4 * 0.75^12 < 2
-    decisions = [gate.wants("bad") for _ in range(2 * (PROBE_EVERY + 1))]
-    assert decisions == ([False] * PROBE_EVERY + [True]) * 2   # a probe every PROBE_EVERY skips
-    for _ in range(12):
         gate.record_outcome("good", 4)
-    assert all(gate.wants("good") for _ in range(5))
+    decisions = [gate.decide(["bad", "good"]) for _ in range(2 * (PROBE_EVERY + 1))]
+    assert decisions == ([{"good"}] * PROBE_EVERY + [{"bad", "good"}]) * 2   # probes
     gate.drop("bad")
-    assert gate.wants("bad")                  # a new stream under the old id starts afresh
+    assert gate.decide(["bad"]) == {"bad"}    # a new stream under the old id starts afresh
+
+
+def test_adaptive_measures_plain_steps_when_every_step_drafts():
+    """Speculative mode "drafter": every step would draft, so one step in PLAIN_EVERY drafts
+    nothing and `plain_s` gets measured; an empty call does not use the probe up."""
+    gate = DrafterGate("adaptive", 4)
+    for _ in range(PLAIN_EVERY):
+        assert gate.decide(["a"]) == {"a"}
+        gate.record_step(0.002, drafted=True)
+    assert gate.decide([]) == set() and gate.decide(["a"]) == set()     # the plain probe
+    gate.record_step(0.001, drafted=False)
+    assert gate.threshold == pytest.approx(1.0) and gate.decide(["a"]) == {"a"}
 
 
 def test_unknown_policy_is_an_error(tmp_path):
@@ -63,8 +74,8 @@ def test_adaptive_gate_is_lossless_and_skips_rounds(engine_dir, mode, monkeypatc
     adaptive = LLM(engine_dir, speculative=mode, max_num_batched_tokens=64,
                    drafter_gate="adaptive")
     gate = adaptive.engine.speculator.gate
-    monkeypatch.setattr(gate, "record_round", lambda s: DrafterGate.record_round(gate, 1.0))
-    monkeypatch.setattr(gate, "record_pass", lambda s: DrafterGate.record_pass(gate, 0.5))
+    monkeypatch.setattr(gate, "record_step", lambda s, drafted: DrafterGate.record_step(
+        gate, 1.5 if drafted else 0.5, drafted))         # a round costs 2 plain steps
     for p in params:
         want = [o.token_ids for o in off.generate(PROMPTS, p)]
         assert [o.token_ids for o in always.generate(PROMPTS, p)] == want

@@ -106,6 +106,7 @@ class LLMEngine:
                                      gate=self.args.drafter_gate, overlap=overlap)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
+        self._step_mark: float | None = None     # end of the last timed step (perf_counter)
         if isinstance(self.runner, PluginRunner) and self.runner.use_graphs:
             self.runner.capture_all(self.tap_layers)
             if isinstance(proposer, PluginDrafterProposer):
@@ -207,9 +208,9 @@ class LLMEngine:
         """One batched target pass: propose drafts, verify every stream's drafts together,
         commit what was accepted. Returns the requests that committed tokens."""
         drafts = self._propose()
-        t_pass = time.perf_counter()
         scheduled = self.scheduler.schedule({rid: len(d[0]) for rid, d in drafts.items()})
         if not scheduled:
+            self._step_mark = None
             return []
         extra = {it.seq.request_id: drafts[it.seq.request_id][0] for it in scheduled
                  if it.samples and it.seq.request_id in drafts}
@@ -235,9 +236,19 @@ class LLMEngine:
                 self._observe(seq, item.start, taps, first,
                               item.num_tokens + verdict.num_accepted, step.new_token_ids)
             outputs.append(step)
-        self.speculator.record_pass(time.perf_counter() - t_pass)
-        self.speculator.prefetch(self._draft_items())
+        self._time_step(any(src[0].startswith("drafter") for _, src in drafts.values() if src))
         return outputs
+
+    def _time_step(self, drafted: bool) -> None:
+        """The drafter gate's clock and the next round's prefetch: a step lasts from the end of
+        the previous one (so its prefetched round's launch counts in the step that uses it)
+        to now; steps after an idle engine are not timed."""
+        now = time.perf_counter()
+        if self._step_mark is not None:
+            self.speculator.record_step(now - self._step_mark, drafted)
+        items = self._draft_items()
+        self.speculator.prefetch(items)
+        self._step_mark = now if items else None
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
                     extra: dict[str, list[int]]) -> dict[str, Verdict]:

@@ -29,7 +29,7 @@ class EngineArgs:
     # one launch each per layer; H200: a round 0.63 -> 0.42 ms vs "dense"), "dense", "sdpa"
     drafter_attention: str = "kernel"
     # a stream without a copy draft gets a drafter round: "always", or "adaptive" (only while
-    # its accepted drafts pay for the round's measured time: spec/drafter_gate.py)
+    # its accepted drafts pay for a drafted step's extra wall time: spec/drafter_gate.py)
     drafter_gate: str = "always"
     # start each step's drafter round right after the previous step, overlapping the host's
     # work (spec/speculator.py, `prefetch`): None = on with the drafter's kernel path on CUDA

@@ -1,19 +1,26 @@
 """Whether a stream whose copy lookup missed gets a block-drafter round (adaptive drafting).
 
-A drafter round costs about `round_s` seconds of wall time before the target pass; a pass
-costs `pass_s`. With drafts, a pass commits 1 + a tokens (a = accepted drafts), without them 1.
-So drafting pays for a stream when its expected accepted tokens exceed the round's cost in
-target passes:
+A whole engine step (proposal, target pass, verification, commit) takes `plain_s` seconds of
+wall time when no stream drafts with the drafter and `drafted_s` when the drafter ran: the
+round itself, what of it the overlap does not hide, and the longer verification. With drafts a
+stream commits 1 + a tokens (a = accepted drafts) per step, without them 1. So drafting pays
+when the expected accepted tokens exceed the extra time in units of plain steps:
 
-    E[a] > round_s / pass_s.
+    E[a] > (drafted_s - plain_s) / plain_s.
+
+Measuring whole steps, rather than the round's own call, counts every cost the round brings
+(on the H200, a round's `propose_batch` took 0.42 ms while the mini's German eval implied
+about 0.8 ms per round in all: README, speculative decoding).
 
 Policy "always" drafts on every miss (the seed's copy-first-then-drafter rule). Policy
 "adaptive" keeps, per stream, an exponential moving average of the drafts accepted in its
 drafter rounds (starting at the optimistic `block` tokens) and, globally, moving averages of
-`round_s` and `pass_s` measured by the engine; a stream skips the drafter while its average is
-below the ratio, and is probed again after PROBE_EVERY skipped misses, so a stream whose text
-turns predictable gets drafts back. Either way the output is unchanged: verification commits
-exactly the target's tokens; only how many passes they take changes.
+`plain_s` and `drafted_s` measured by the engine; a stream skips the drafter while its average
+is below the ratio, and is probed again after PROBE_EVERY skipped misses (which also keeps
+`drafted_s` current), so a stream whose text turns predictable gets drafts back; one step in
+PLAIN_EVERY drafts nothing when every step would (so `plain_s` stays measured). Either way the
+output is unchanged: verification commits exactly the target's tokens; only how many passes
+they take changes.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from __future__ import annotations
 GATES = ("always", "adaptive")
 EMA = 0.25          # weight of the newest observation in every moving average
 PROBE_EVERY = 8     # skipped misses after which a stream drafts once more
+PLAIN_EVERY = 32    # drafted steps in a row after which one step drafts nothing (plain_s)
 
 
 class DrafterGate:
-    """Per-stream drafter decisions. policy: one of GATES; block: drafts a round proposes
-    (depth * block_size tokens), the starting estimate of a stream's accepted drafts."""
+    """Per-step drafter decisions (`decide`). policy: one of GATES; block: drafts a round
+    proposes (depth * block_size tokens), the starting estimate of a stream's accepted drafts."""
 
     def __init__(self, policy: str, block: int):
         if policy not in GATES:
@@ -35,32 +43,47 @@ class DrafterGate:
         self.policy, self.block = policy, float(block)
         self.accepted: dict[str, float] = {}   # stream -> EMA of accepted drafts per round
         self.skipped: dict[str, int] = {}      # stream -> misses skipped since its last round
-        self.round_s: float | None = None      # EMA of a drafter round's wall seconds
-        self.pass_s: float | None = None       # EMA of a target pass's wall seconds
+        self.plain_s: float | None = None      # EMA of a step's wall seconds, no drafter
+        self.drafted_s: float | None = None    # EMA of a step's wall seconds with a round
+        self.drafted_run = 0                   # drafted steps since the last plain one
 
     @property
     def threshold(self) -> float | None:
-        """round_s / pass_s (target passes a drafter round costs), None until both measured."""
-        if self.round_s is None or not self.pass_s:
+        """(drafted_s - plain_s) / plain_s: the plain steps a drafter round costs; None until
+        both are measured."""
+        if self.plain_s is None or self.drafted_s is None or not self.plain_s:
             return None
-        return self.round_s / self.pass_s
+        return max(0.0, self.drafted_s - self.plain_s) / self.plain_s
 
-    def wants(self, request_id: str) -> bool:
-        """Whether the stream drafts on this miss; records the decision (skip counts)."""
-        t = self.threshold
-        go = (self.policy == "always" or t is None
-              or self.skipped.get(request_id, 0) >= PROBE_EVERY
-              or self.accepted.get(request_id, self.block) >= t)
-        self.skipped[request_id] = 0 if go else self.skipped.get(request_id, 0) + 1
-        return go
+    def decide(self, request_ids: list[str]) -> set[str]:
+        """The streams (of those whose copy lookup missed in one step) that draft. "adaptive":
+        a stream drafts while its accepted average reaches the threshold (or nothing is
+        measured yet), after PROBE_EVERY skipped misses, and never in a plain probe step (one
+        after PLAIN_EVERY drafted steps in a row, so that `plain_s` stays measured when every
+        step would draft, as in speculative mode "drafter")."""
+        if self.policy == "always" or not request_ids:
+            return set(request_ids)
+        if self.drafted_run >= PLAIN_EVERY:
+            self.drafted_run = 0
+            return set()
+        t, out = self.threshold, set()
+        for rid in request_ids:
+            if (t is None or self.skipped.get(rid, 0) >= PROBE_EVERY
+                    or self.accepted.get(rid, self.block) >= t):
+                out.add(rid)
+                self.skipped[rid] = 0
+            else:
+                self.skipped[rid] = self.skipped.get(rid, 0) + 1
+        return out
 
-    def record_round(self, seconds: float) -> None:
-        """Wall seconds of one batched drafter round (`propose_batch`, its sync included)."""
-        self.round_s = _ema(self.round_s, seconds)
-
-    def record_pass(self, seconds: float) -> None:
-        """Wall seconds of one target pass with its verification and commit."""
-        self.pass_s = _ema(self.pass_s, seconds)
+    def record_step(self, seconds: float, drafted: bool) -> None:
+        """Wall seconds of one engine step; drafted: the drafter's drafts were in it."""
+        if drafted:
+            self.drafted_s = _ema(self.drafted_s, seconds)
+            self.drafted_run += 1
+        else:
+            self.plain_s = _ema(self.plain_s, seconds)
+            self.drafted_run = 0
 
     def record_outcome(self, request_id: str, accepted: int) -> None:
         """Drafts accepted in the stream's latest drafter round."""

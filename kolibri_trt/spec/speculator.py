@@ -7,8 +7,6 @@ committed positions) reach the copy index and the drafter's state.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from .copy_proposer import CopyIndex
@@ -71,7 +69,7 @@ class Speculator:
         prefetched round counts for this call only."""
         pre, self.prefetched = self.prefetched, None
         seen, self.prefetch_seen = self.prefetch_seen, set()
-        out, misses = {}, []
+        out, cands = {}, []
         for rid, tokens, room in items:
             k = min(self.limit, room)
             if self.mode == "off" or k <= 0:
@@ -79,13 +77,13 @@ class Speculator:
             drafts = self.propose_copy(rid, tokens, k)
             if drafts:
                 out[rid] = (drafts, ["copy"] * len(drafts))
-            elif self.needs_taps and (rid in pre if rid in seen else self.gate.wants(rid)):
-                misses.append((rid, tokens, k))
+            elif self.needs_taps:
+                cands.append((rid, tokens, k))
+        go = self.gate.decide([rid for rid, _, _ in cands if rid not in seen])
+        misses = [c for c in cands if (c[0] in pre if c[0] in seen else c[0] in go)]
         if misses:
             b = self.drafter.drafter.config.block_size
-            t0 = time.perf_counter()
             proposals = self._drafter_round(misses, pre)
-            self.gate.record_round(time.perf_counter() - t0)
             for rid, _, k in misses:
                 drafts = proposals.get(rid, [])[:k]
                 if drafts:
@@ -109,11 +107,13 @@ class Speculator:
         says draft: exactly those `propose_all` will draft next (nothing changes between)."""
         if not self.overlap:
             return
-        ready = []
+        cands = []
         for rid, tokens, room in items:
             k = min(self.limit, room)
-            if k > 0 and not self.propose_copy(rid, tokens, k) and self.gate.wants(rid):
-                ready.append((rid, tokens))
+            if k > 0 and not self.propose_copy(rid, tokens, k):
+                cands.append((rid, tokens))
+        go = self.gate.decide([rid for rid, _ in cands])
+        ready = [(rid, tokens) for rid, tokens in cands if rid in go]
         if ready:
             self.drafter.launch(ready)
         self.prefetched = {rid for rid, _ in ready}
@@ -128,9 +128,10 @@ class Speculator:
         if sources and sources[0].startswith("drafter"):
             self.gate.record_outcome(request_id, accepted)
 
-    def record_pass(self, seconds: float) -> None:
-        """Wall seconds of the step's target pass, verification and commit (the gate's unit)."""
-        self.gate.record_pass(seconds)
+    def record_step(self, seconds: float, drafted: bool) -> None:
+        """Wall seconds of a whole engine step; drafted: some stream verified drafter drafts
+        in it (the gate's cost measure)."""
+        self.gate.record_step(seconds, drafted)
 
     def observe(self, request_id: str, start: int, taps: torch.Tensor | None,
                 committed: list[int]) -> None:
