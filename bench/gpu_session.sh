@@ -37,6 +37,9 @@
 #       medians of 3) with rounds prefetched only for the streams whose copy lookup will miss
 #       (~6 min, most of it compiling the kernels on first use).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=i bash bench/gpu_session.sh   the adaptive drafter gate, greedy only, 2 prompts per
+#       category, 128 tokens, medians of 2 (~3 min, most of it compiling).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -136,6 +139,13 @@ case "${PART:-}" in
       --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
       --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
     ;;
+  i)
+    unpack carry-b
+    step acceptance_adaptive 170 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 0 \
+      --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive \
+      --json "$OUT/eval_adaptive.json"
+    ;;
   b)
     unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
@@ -150,7 +160,7 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a, b, c, d, e, f, g or h (see the header)" >&2
+    echo "PART must be a, b, c, d, e, f, g, h or i (see the header)" >&2
     exit 2
     ;;
 esac
