@@ -56,8 +56,9 @@ def interpreter_ready() -> bool:
 
 def _interpret_patch(kernel_fn):
     """Interpreter support after a plain ``import triton`` (TRITON_INTERPRET unset at import):
-    swap every @triton.jit helper that an interpreted kernel may call (Triton's standard library
-    and the kernel module's own helpers) for an InterpretedFunction; returns an undo list."""
+    swap every @triton.jit helper that an interpreted kernel may call (Triton's standard library,
+    the kernel module's own helpers and, module by module, the helpers those call) for an
+    InterpretedFunction; returns an undo list."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     import triton.language.math as tl_math
@@ -69,11 +70,15 @@ def _interpret_patch(kernel_fn):
         pass
     undo = []
     spaces = [vars(tl), vars(tl_std), vars(tl_math), kernel_fn.__globals__]
-    for space in spaces:
+    seen = {id(sp) for sp in spaces}
+    for space in spaces:          # grows: the modules of the helpers found (helpers' helpers)
         for name, obj in list(space.items()):
             if isinstance(obj, JITFunction):
                 undo.append((space, name, obj))
                 space[name] = InterpretedFunction(obj.fn)
+                if id(obj.fn.__globals__) not in seen:
+                    seen.add(id(obj.fn.__globals__))
+                    spaces.append(obj.fn.__globals__)
     return undo
 
 

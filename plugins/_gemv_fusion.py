@@ -45,6 +45,33 @@ def _row_rstd(x_ptr, xr, valid, K, sx_m, eps, BLOCK_K: tl.constexpr, NSEG: tl.co
 
 
 @jit
+def tile_rstds(x_ptr, ids_ptr, s_ids, m0, M, K, sx_m, eps, ROWS: tl.constexpr,
+               MT: tl.constexpr, BLOCK_K: tl.constexpr, NSEG: tl.constexpr,
+               NSEG_P: tl.constexpr, X_ROWS: tl.constexpr):
+    """`_row_rstd` of the MT row tiles m0 + t * ROWS + 0..ROWS-1 (x rows by `x_rows`): four
+    fp32 [ROWS, NSEG_P] (tiles past MT zero); NSEG 0: no norm, all zero."""
+    rows = tl.arange(0, ROWS)
+    rs0 = tl.zeros([ROWS, NSEG_P], tl.float32)
+    rs1 = rs0
+    rs2 = rs0
+    rs3 = rs0
+    if NSEG > 0:
+        for t in tl.static_range(MT):
+            m = m0 + t * ROWS + rows
+            rs = _row_rstd(x_ptr, x_rows(ids_ptr, m, M, s_ids, X_ROWS), m < M, K, sx_m, eps,
+                           BLOCK_K, NSEG, NSEG_P)
+            if t == 0:
+                rs0 = rs
+            elif t == 1:
+                rs1 = rs
+            elif t == 2:
+                rs2 = rs
+            else:
+                rs3 = rs
+    return rs0, rs1, rs2, rs3
+
+
+@jit
 def _col_rstd(rs, kx, K, NSEG: tl.constexpr, NSEG_P: tl.constexpr):
     """The rstd of each (row, column kx): rs [R, NSEG_P] (`_row_rstd`) -> fp32 [R, BLOCK_K]
     (column kx lies in segment kx // (K / NSEG))."""

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._split_k import k_range, num_splits, sum_splits
-from ._gemv_fusion import _col_rstd, _row_rstd, _store_out, x_rows
+from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
@@ -79,23 +79,9 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
         k_hi = K
     else:
         k_lo, k_hi = k_range(K, tl.program_id(2), SPLIT, BLOCK_K)
-    rs0 = tl.zeros([ROWS, NORM_P], tl.float32)
-    rs1 = rs0
-    rs2 = rs0
-    rs3 = rs0
-    if NORM > 0:  # per row and segment rsqrt(mean(x²) + eps), whatever this program's K range
-        for t in tl.static_range(MT):
-            m = m0 + t * ROWS + rows
-            rs = _row_rstd(x_ptr, x_rows(ids_ptr, m, M, s_ids, X_ROWS), m < M, K, sx_m, eps,
-                           BLOCK_K, NORM, NORM_P)
-            if t == 0:
-                rs0 = rs
-            elif t == 1:
-                rs1 = rs
-            elif t == 2:
-                rs2 = rs
-            else:
-                rs3 = rs
+    # per row and segment rsqrt(mean(x²) + eps), whatever this program's K range
+    rs0, rs1, rs2, rs3 = tile_rstds(x_ptr, ids_ptr, s_ids, m0, M, K, sx_m, eps, ROWS, MT,
+                                    BLOCK_K, NORM, NORM_P, X_ROWS)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kx = k0 + tl.arange(0, BLOCK_K)
         kmask = kx < K

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ._argmax import argmax_step
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
 
 BLOCK = 4096        # tokens per loop step on the GPU (num_warps 8: 16 per thread)
@@ -67,14 +68,7 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, keys_ptr, out_ptr, stride, V,
         m = offs < V
         x = tl.load(row + offs, mask=m, other=0.0)
         val = tl.math.div_rn(x, t) + _gumbel(_hash_bits(offs, key))   # IEEE division, as torch
-        isnan = (val != val) & m  # noqa: PLR0124 (NaN test)
-        nan_i = tl.minimum(nan_i, tl.min(tl.where(isnan, offs, V), 0))
-        val = tl.where(m & ~isnan, val, float("-inf"))
-        cmax = tl.max(val, 0)
-        cidx = tl.min(tl.where(val == cmax, offs, V), 0)   # first index of the chunk's max
-        upd = cmax > best                                  # strict: earlier chunks win ties
-        best_i = tl.where(upd, cidx, best_i)
-        best = tl.where(upd, cmax, best)
+        best, best_i, nan_i = argmax_step(val, offs, m, V, best, best_i, nan_i)
     tl.store(out_ptr + n, tl.where(nan_i < V, nan_i, best_i).to(tl.int64))
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
-from ._gemv_fusion import _col_rstd, _row_rstd
+from ._gemv_fusion import _col_rstd, tile_rstds
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16        # activation rows per dot
@@ -69,22 +69,9 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
     acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     HB: tl.constexpr = BLOCK_K // 2
-    rs0 = tl.zeros([ROWS, 1], tl.float32)
-    rs1 = rs0
-    rs2 = rs0
-    rs3 = rs0
-    if NORM:  # per row rsqrt(mean(x²) + eps) over all of K
-        for t in tl.static_range(MT):
-            m = m0 + t * ROWS + rows
-            rs = _row_rstd(x_ptr, m.to(tl.int64), m < M, K, sx_m, eps, BLOCK_K, 1, 1)
-            if t == 0:
-                rs0 = rs
-            elif t == 1:
-                rs1 = rs
-            elif t == 2:
-                rs2 = rs
-            else:
-                rs3 = rs
+    # per row rsqrt(mean(x²) + eps) over all of K (NORM: one segment)
+    rs0, rs1, rs2, rs3 = tile_rstds(x_ptr, x_ptr, 0, m0, M, K, sx_m, eps, ROWS, MT, BLOCK_K,
+                                    1 if NORM else 0, 1, False)
     for k0 in range(0, K, BLOCK_K):
         kb = k0 // 2 + tl.arange(0, HB)
         kmask = kb < K // 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ._argmax import argmax_step
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, tl
 
 BLOCK = 4096        # scores per loop step (num_warps 8: 16 per thread)
@@ -32,14 +33,7 @@ def _vocab_argmax_kernel(logits_ptr, vocab_ptr, out_ptr, stride, out_stride, V,
         offs = start + lanes
         m = offs < V
         val = tl.load(row + offs, mask=m, other=0.0).to(tl.float32)   # bf16 -> fp32: exact
-        isnan = (val != val) & m  # noqa: PLR0124 (NaN test)
-        nan_i = tl.minimum(nan_i, tl.min(tl.where(isnan, offs, V), 0))
-        val = tl.where(m & ~isnan, val, float("-inf"))
-        cmax = tl.max(val, 0)
-        cidx = tl.min(tl.where(val == cmax, offs, V), 0)   # first index of the chunk's max
-        upd = cmax > best                                  # strict: earlier chunks win ties
-        best_i = tl.where(upd, cidx, best_i)
-        best = tl.where(upd, cmax, best)
+        best, best_i, nan_i = argmax_step(val, offs, m, V, best, best_i, nan_i)
     idx = tl.where(nan_i < V, nan_i, best_i)
     tl.store(out_ptr + n * out_stride, tl.load(vocab_ptr + idx))
 
