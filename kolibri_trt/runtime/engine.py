@@ -246,9 +246,9 @@ class LLMEngine:
         now = time.perf_counter()
         if self._step_mark is not None:
             self.speculator.record_step(now - self._step_mark, drafted)
-        items = self._draft_items()
-        self.speculator.prefetch(items)
-        self._step_mark = now if items else None
+        if self.speculator.overlap:
+            self.speculator.prefetch(self._draft_items())
+        self._step_mark = now if self.scheduler.has_work() else None
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
                     extra: dict[str, list[int]]) -> dict[str, Verdict]:
