@@ -72,6 +72,13 @@ step() {  # step NAME SECONDS COMMAND...: run under a timeout, log to $OUT/NAME.
   [ "$rc" = 0 ] || FAILED+=("$name")
 }
 
+evalmini() {  # evalmini NAME SECONDS ARGS...: the acceptance eval on the trained default
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+    --prompts-dir engines/prompts --device cuda "$@"
+}
+
 unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried
   [ -f "engines/$1.tar.xz" ] || return 0
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('engines', filter='data')" \
@@ -100,11 +107,9 @@ case "${PART:-}" in
     step kernels 170 python3 bench/gpu_check.py --only fp8gemv,fp8fused,vocabargmax
     step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
       --prompts-file engines/prompts/spec_bench_question.jsonl --only graphs round
-    step acceptance 150 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+    evalmini acceptance 150 --per-category 2 --humaneval 2 \
       --max-tokens 128 --json "$OUT/eval_h200.json"
-    step acceptance_opt 150 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+    evalmini acceptance_opt 150 --per-category 2 --humaneval 2 \
       --max-tokens 128 --drafter-attention kernel --json "$OUT/eval_opt.json"
     ;;
   f)
@@ -119,30 +124,25 @@ case "${PART:-}" in
     step profile_kernel 70 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes drafter copy+drafter --max-tokens 128 \
       --drafter-attention kernel --out "$OUT/kernel"
-    step acceptance 210 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+    evalmini acceptance 210 --per-category 3 --humaneval 3 \
       --max-tokens 192 --repeats 3 --drafter-attention kernel --json "$OUT/eval_h200.json"
     ;;
   g)
     unpack carry-b
-    step acceptance 140 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+    evalmini acceptance 140 --per-category 3 --humaneval 3 \
       --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
-    step acceptance_adaptive 140 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+    evalmini acceptance_adaptive 140 --per-category 3 --humaneval 3 \
       --max-tokens 192 --repeats 3 --drafter-gate adaptive --json "$OUT/eval_adaptive.json"
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,drafter --budget 160
     ;;
   h)
     unpack carry-b
-    step acceptance 320 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 3 --humaneval 3 \
+    evalmini acceptance 320 --per-category 3 --humaneval 3 \
       --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
     ;;
   i)
     unpack carry-b
-    step acceptance_adaptive 170 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 0 \
+    evalmini acceptance_adaptive 170 --per-category 2 --humaneval 0 \
       --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive \
       --json "$OUT/eval_adaptive.json"
     ;;
@@ -150,11 +150,9 @@ case "${PART:-}" in
     unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
       --budget 180
-    step acceptance 170 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+    evalmini acceptance 170 --per-category 2 --humaneval 2 \
       --max-tokens 128 --json "$OUT/eval_h200.json"
-    step acceptance_opt 120 python3 tools/eval_acceptance.py --engine engines/mini-h200 \
-      --prompts-dir engines/prompts --device cuda --per-category 2 --humaneval 2 \
+    evalmini acceptance_opt 120 --per-category 2 --humaneval 2 \
       --max-tokens 128 --drafter-attention kernel --json "$OUT/eval_opt.json"
     step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"

@@ -44,18 +44,12 @@ class EngineArgs:
     acceptance_method: str = "position-keyed"
 
     def __post_init__(self) -> None:
-        if self.acceptance_method not in ACCEPTANCE_METHODS:
-            raise ValueError(f"acceptance_method: must be one of {list(ACCEPTANCE_METHODS)}, "
-                             f"got {self.acceptance_method!r}")
-        if self.drafter_gate not in GATES:
-            raise ValueError(f"drafter_gate: must be one of {list(GATES)}, got "
-                             f"{self.drafter_gate!r}")
-        if self.drafter_attention not in DRAFTER_ATTENTION:
-            raise ValueError(f"drafter_attention: must be one of {list(DRAFTER_ATTENTION)}, got "
-                             f"{self.drafter_attention!r}")
-        if self.model_impl not in MODEL_IMPLS:
-            raise ValueError(f"model_impl: must be one of {list(MODEL_IMPLS)}, got "
-                             f"{self.model_impl!r}")
+        for name, choices in (("acceptance_method", ACCEPTANCE_METHODS), ("drafter_gate", GATES),
+                              ("drafter_attention", DRAFTER_ATTENTION),
+                              ("model_impl", MODEL_IMPLS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}: must be one of {list(choices)}, got "
+                                 f"{getattr(self, name)!r}")
         if self.drafter_depth is not None and (not isinstance(self.drafter_depth, int)
                                                or self.drafter_depth < 1):
             raise ValueError(f"drafter_depth: must be None or an int >= 1, got "
