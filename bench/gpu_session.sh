@@ -40,6 +40,11 @@
 #   PART=i bash bench/gpu_session.sh   the adaptive drafter gate, greedy only, 2 prompts per
 #       category, 128 tokens, medians of 2 (~3 min, most of it compiling).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=j bash bench/gpu_session.sh   the kernels refactored into shared helpers since their
+#       H200 checks (fp8_gemv's norm prologue, nvfp4's, the argmax walk of gumbel / vocab_argmax),
+#       then profile_generate's per-decode-step split for copy against copy+drafter, then the
+#       adaptive drafter gate (PART i's eval) (~8 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -142,6 +147,16 @@ case "${PART:-}" in
     ;;
   i)
     unpack carry-b
+    evalmini acceptance_adaptive 170 --per-category 2 --humaneval 0 \
+      --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive \
+      --json "$OUT/eval_adaptive.json"
+    ;;
+  j)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step kernels 200 python3 bench/gpu_check.py --only fp8gemv,fp8fused,vocabargmax,gumbel,nvfp4,norm
+    step profile 150 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT/profile"
     evalmini acceptance_adaptive 170 --per-category 2 --humaneval 0 \
       --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive \
       --json "$OUT/eval_adaptive.json"
