@@ -116,12 +116,58 @@ def _per_call_ms(fn, n: int) -> float:
     return round((time.perf_counter() - t0) / n * 1e3, 4)
 
 
-def _mini_drafter(dev):
+def _mini_drafter(dev, attn: str):
     """A DrafterPlugin of the mini engine's drafter config and target vocab, random weights."""
     from kolibri_trt.drafter import DrafterConfig
     mini = ROOT / "checkpoints" / "kolibri-mini"
     vocab = json.loads((mini / "target" / "config.json").read_text())["vocab_size"]
-    return random_release_drafter(dev, cfg=DrafterConfig.from_json(mini / "drafter"), vocab=vocab)
+    return random_release_drafter(dev, attn, cfg=DrafterConfig.from_json(mini / "drafter"),
+                                  vocab=vocab)
+
+
+HOST_PARTS = (("collect", "prop", "_collect"), ("stage_commit", "runner", "_stage_commit"),
+              ("stage_round", "runner", "_stage_round"), ("replay", "runner", "_replay"),
+              ("start_read", "runner", "start_read"), ("launch", "prop", "launch"))
+
+
+def _host_timers(prop) -> tuple[dict, callable]:
+    """Wrap the host-side pieces of a round (HOST_PARTS) with wall-clock accumulators; returns
+    (seconds by part, undo)."""
+    acc = dict.fromkeys([k for k, _, _ in HOST_PARTS], 0.0)
+    undo = []
+    for key, owner, name in HOST_PARTS:
+        obj = prop if owner == "prop" else prop.runner
+        orig = getattr(obj, name)
+
+        def run(*a, _orig=orig, _key=key, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _orig(*a, **kw)
+            finally:
+                acc[_key] += time.perf_counter() - t0
+        setattr(obj, name, run)
+        undo.append(lambda obj=obj, name=name, orig=orig: setattr(obj, name, orig))
+    return acc, lambda: [u() for u in undo]
+
+
+def _kernel_table(graphs: list, iters: int) -> list[dict]:
+    """torch.profiler over `iters` back-to-back replays of `graphs`: per kernel, launches and
+    device µs per round, the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            for graph in graphs:
+                graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = float(getattr(e, "self_device_time_total", 0.0) or
+                   getattr(e, "self_cuda_time_total", 0.0))
+        if us > 0:
+            rows.append({"kernel": e.key[:80], "per_round": round(e.count / iters, 2),
+                         "us_per_round": round(us / iters, 2)})
+    return sorted(rows, key=lambda r: -r["us_per_round"])
 
 
 def _device_and_readback(runner, keys: list[tuple], streams: int, iters: int, ev) -> dict:
@@ -129,14 +175,18 @@ def _device_and_readback(runner, keys: list[tuple], streams: int, iters: int, ev
     reading its drafts back: `read_drafts` (pinned + event) vs `.tolist()` ms, GPU idle."""
     graphs = [runner.graphs[k][0] for k in keys]
     drafts = runner.graphs[keys[-1]][1][0][:streams]
-    torch.cuda.synchronize()
-    ev[0].record()
-    for _ in range(iters):
-        for graph in graphs:
-            graph.replay()
-    ev[1].record()
-    ev[1].synchronize()
-    return {"device_ms": round(ev[0].elapsed_time(ev[1]) / iters, 4),
+    each = []
+    for part in [graphs] + [[g] for g in graphs]:     # both, then each graph alone
+        torch.cuda.synchronize()
+        ev[0].record()
+        for _ in range(iters):
+            for graph in part:
+                graph.replay()
+        ev[1].record()
+        ev[1].synchronize()
+        each.append(round(ev[0].elapsed_time(ev[1]) / iters, 4))
+    return {"device_ms": each[0], "device_ms_each": each[1:],
+            "kernels": _kernel_table(graphs, min(iters, 50)),
             "read_pinned_ms": _per_call_ms(lambda: runner.read_drafts(drafts), iters),
             "tolist_ms": _per_call_ms(lambda: drafts.tolist(), iters)}
 
@@ -161,13 +211,16 @@ def _decode_step(prop, tokens: dict, step: torch.Tensor, k: int, ev) -> tuple:
     return t1 - t0, ev[0].elapsed_time(ev[1]) / 1e3 if ev else t1 - t0, t2 - t1
 
 
-def mini_round_timing(iters: int, prefill: int = 300, warmup: int = 5) -> None:
-    """`propose_batch` rounds at the mini drafter's shape (serving depth, 8 ring slots) in
-    steady decoding (`_decode_step`, k cycling 0 .. depth*B), 1 and 8 streams: median wall and
-    CUDA-event ms of a round, `observe` ms of a step; on CUDA `_device_and_readback`."""
+def mini_round_timing(iters: int, prefill: int = 300, warmup: int = 5,
+                      attn: str = "kernel") -> None:
+    """`propose_batch` rounds at the mini drafter's shape (serving depth, 8 ring slots, ring
+    attention `attn`) in steady decoding (`_decode_step`, k cycling 0 .. depth*B), 1 and 8
+    streams: median wall and CUDA-event ms of a round, `observe` ms of a step, host ms per
+    round of the launch's parts (HOST_PARTS); on CUDA `_device_and_readback` (device ms of
+    both graphs and of each, the kernels per round)."""
     dev = DEVICE[0]
     cuda = dev != "cpu"
-    model = _mini_drafter(dev)
+    model = _mini_drafter(dev, attn)
     c = model.config
     depth, nd = c.serving_defaults.depth, c.serving_defaults.depth * c.block_size
     g = torch.Generator(device=dev).manual_seed(1)
@@ -183,14 +236,24 @@ def mini_round_timing(iters: int, prefill: int = 300, warmup: int = 5) -> None:
         for rid in tokens:
             prop.observe(rid, 0, pool[:prefill])
         times = [_decode_step(prop, tokens, pool[:streams * (it % (nd + 1) + 1)],
-                              it % (nd + 1), ev) for it in range(warmup + iters)][warmup:]
+                              it % (nd + 1), ev) for it in range(warmup)]
+        acc, undo = _host_timers(prop)
+        times = [_decode_step(prop, tokens, pool[:streams * (it % (nd + 1) + 1)],
+                              it % (nd + 1), ev) for it in range(iters)]
+        undo()
         wall, span, obs = zip(*times)
-        row = {"streams": streams, "depth": depth, "prefill": prefill, "graphs": captured,
-               "keys": [list(k) for k in keys[-2:]], "wall_ms": _ms(wall),
-               "event_ms": _ms(span), "observe_ms": _ms(obs)}
+        row = {"streams": streams, "depth": depth, "prefill": prefill, "attn": attn,
+               "graphs": captured, "keys": [list(k) for k in keys[-2:]], "wall_ms": _ms(wall),
+               "event_ms": _ms(span), "observe_ms": _ms(obs),
+               "host_parts_ms": {k: round(v * 1e3 / iters, 4) for k, v in acc.items()}}
         if cuda:
             row.update(_device_and_readback(prop.runner, keys[-2:], streams, iters, ev))
             row["host_ms"] = round(row["wall_ms"] - row["device_ms"], 4)
         RESULTS["mini_round"].append(row)
+        kernels = row.pop("kernels", [])
         print(f"  mini round: S={streams} {json.dumps(row)}", flush=True)
+        for k in kernels[:25]:
+            print(f"    {k['us_per_round']:8.2f} us {k['per_round']:5.1f}x  {k['kernel']}",
+                  flush=True)
+        row["kernels"] = kernels
         del prop

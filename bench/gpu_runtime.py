@@ -3,6 +3,7 @@
 
     python3 bench/gpu_runtime.py --make-engines engines/gpu-small   # here: builds 2 engines
     python3 bench/gpu_runtime.py --engines engines/gpu-small --out DIR   # on the GPU machine
+    python3 bench/gpu_runtime.py --engine engines/mini-h200 --out DIR    # or one built engine
 
 The engines have the scaled-down default's shape (kolibri-1.md §Scaled-down: 10 layers, hidden
 256, 4/2 heads of 128, 8 experts) with vocab 2000, random weights, FP8 body + NVFP4 head, and
@@ -12,7 +13,8 @@ the full layers' KV in rotated INT4 or FP8. Checks (exit 1 if one fails):
   eager, and the step unpadded all give the same logits bits;
 - the GPU kernel path agrees with the CPU dequantizing reference (top-1, KL; printed);
 - greedy and sampled tokens are identical for speculative off / copy / drafter / copy+drafter
-  at 1 and 8 streams, and with CUDA graphs vs eager.
+  at 1 and 8 streams, and with CUDA graphs vs eager; copy+drafter also with the drafts read
+  on the host before the target pass (drafts_on_device=False) and eager.
 Timings: tokens/s per mode and stream count, graphs vs eager. Results: DIR/gpu_runtime.json.
 """
 
@@ -139,6 +141,13 @@ def check_agreement(engine: Path, tag: str, prompts) -> None:
           f"over {ref.shape[0]} rows", flush=True)
 
 
+# (mode, enforce_eager, drafts_on_device): the drafter's drafts left on the device (the
+# default with graphs) and read on the host first, and eager (rounds on the host path)
+VARIANTS = (("off", False, None), ("off", True, None), ("copy", False, None),
+            ("drafter", False, None), ("copy+drafter", False, None),
+            ("copy+drafter", False, False), ("copy+drafter", True, None))
+
+
 def lossless_and_speed(engine: Path, tag: str, prompts, max_tokens: int) -> None:
     from spec_decode import run
     for temp, seed in ((0.0, 0), (0.8, 1), (0.8, 2)):
@@ -146,16 +155,17 @@ def lossless_and_speed(engine: Path, tag: str, prompts, max_tokens: int) -> None
                                 ignore_eos=True)
         for streams in (1, 8):
             rows = []
-            for mode, eager in (("off", False), ("off", True), ("copy", False),
-                                ("drafter", False), ("copy+drafter", False)):
+            for mode, eager, on_device in VARIANTS:
                 r = run(engine, mode, streams, prompts, params, device=DEVICE[0],
-                        model_impl="plugins", enforce_eager=eager)
-                r.update(engine=tag, temperature=temp, seed=seed, eager=eager)
+                        model_impl="plugins", enforce_eager=eager, drafts_on_device=on_device)
+                r.update(engine=tag, temperature=temp, seed=seed, eager=eager,
+                         drafts_on_device=on_device)
                 rows.append(r)
             worst = standalone.mark_mismatches(rows)
             for r in rows:
                 bad = r["mismatches_vs_off"]
-                label = f"{r['mode']}{' eager' if r['eager'] else ''}"
+                label = (f"{r['mode']}{' eager' if r['eager'] else ''}"
+                         f"{' host drafts' if r['drafts_on_device'] is False else ''}")
                 print(f"  {tag} T={temp} seed={seed} streams={streams} {label:<16} "
                       f"{r['tokens_per_s']:8.1f} tok/s  tau {r['tau'] or 0:.2f}  "
                       f"mismatches {bad}", flush=True)
@@ -168,6 +178,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--make-engines", type=Path)
     ap.add_argument("--engines", type=Path)
+    ap.add_argument("--engine", type=Path, default=None,
+                    help="one engine folder instead of --engines' two (e.g. build.py's)")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--device", default="cuda", help="cpu: dry run on the torch references")
@@ -181,8 +193,9 @@ def main() -> int:
         return 0
     prompts = load_prompts(args.prompts_file, per_category=args.per_category)[:args.limit]
     steps = [("kv_write", check_kv_write)]
-    for kv in KV_FORMATS:
-        engine = args.engines / f"engine-fp8-nvfp4-{kv}"
+    pairs = [(args.engines / f"engine-fp8-nvfp4-{kv}", kv) for kv in KV_FORMATS] \
+        if args.engine is None else [(args.engine, args.engine.name)]
+    for engine, kv in pairs:
         steps += [(f"{kv} graph", lambda e=engine, t=kv: check_graph_step(e, t)),
                   (f"{kv} agreement", lambda e=engine, t=kv: check_agreement(e, t, prompts)),
                   (f"{kv} lossless", lambda e=engine, t=kv: lossless_and_speed(

@@ -45,6 +45,12 @@
 #       then profile_generate's per-decode-step split for copy against copy+drafter, then the
 #       adaptive drafter gate (PART i's eval) (~8 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=k bash bench/gpu_session.sh   the drafter's drafts left on the device until
+#       verification (drafts_on_device): the runtime's lossless modes at 1 and 8 streams on the
+#       trained default (also with host drafts and eager), the acceptance eval with them on and
+#       off (greedy, 2 prompts per category, 128 tokens, medians of 2), the mini round's host
+#       parts and kernels, profile_generate's split (~9 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -160,6 +166,20 @@ case "${PART:-}" in
     evalmini acceptance_adaptive 170 --per-category 2 --humaneval 0 \
       --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive \
       --json "$OUT/eval_adaptive.json"
+    ;;
+  k)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step runtime 170 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    evalmini acceptance 130 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0 --json "$OUT/eval_h200.json"
+    evalmini acceptance_host 100 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0 --drafts-on-device off --json "$OUT/eval_host.json"
+    step drafter 60 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only round
+    step profile 80 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT/profile"
     ;;
   b)
     unpack carry-b

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench_question.jsonl"
 TOP = 20  # rows per table
+
+ON_DEVICE = {"auto": None, "on": True, "off": False}   # --drafts-on-device
 
 
 def _dev_us(e) -> float:
@@ -66,6 +69,7 @@ def timed_split(llm, ids, params) -> dict:
     acc = dict.fromkeys(["step", "decode_steps", "drafter_rounds"] + [k for k, _, _ in PARTS],
                         0.0)
     state = {"decode": False}
+    samples: list[float] = []     # each decode step's wall seconds
     round_key = "launch" if hasattr(objs["drafter"], "launch") else "drafter"
 
     def wrap(obj, name, key):
@@ -93,6 +97,7 @@ def timed_split(llm, ids, params) -> dict:
             finally:
                 if state["decode"]:
                     acc["step"] += time.perf_counter() - t0
+                    samples.append(time.perf_counter() - t0)
                 state["decode"] = False
         return run
 
@@ -108,6 +113,8 @@ def timed_split(llm, ids, params) -> dict:
     n = max(1, acc["decode_steps"])
     out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
     out.update(decode_steps=int(acc["decode_steps"]),
+               step_median_ms=statistics.median(samples) * 1e3 if samples else 0.0,
+               step_max_ms=max(samples, default=0.0) * 1e3,
                drafter_rounds_per_step=acc["drafter_rounds"] / n)
     return out
 
@@ -116,7 +123,8 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     """One mode: warm-up, an unprofiled timed run (`timed_split`), then the profiled generate;
     the figures of the module docstring."""
     llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device,
-              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate)
+              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
+              drafts_on_device=ON_DEVICE[args.drafts_on_device])
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
@@ -153,7 +161,8 @@ def report(r: dict) -> None:
           f"{r['device_busy_ms_per_pass']:.3f} ms/pass kernels, host share {host_share:.0%}")
     u = r["unprofiled"]
     parts = ", ".join(f"{k} {u[k + '_ms']:.3f}" for k, _, _ in PARTS)
-    print(f"   unprofiled, per decode step ({u['decode_steps']} steps): {u['step_ms']:.3f} ms; "
+    print(f"   unprofiled, per decode step ({u['decode_steps']} steps): {u['step_ms']:.3f} ms "
+          f"(median {u['step_median_ms']:.3f}, max {u['step_max_ms']:.3f}); "
           f"{parts}; drafter rounds {u['drafter_rounds_per_step']:.2f} per step")
     for x in r["top_host_ops"][:10]:
         print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
@@ -172,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"])
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
+    ap.add_argument("--drafts-on-device", default="auto", choices=list(ON_DEVICE))
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     prompts = load_prompts(args.prompts_file, per_category=args.per_category,

@@ -4,7 +4,7 @@
     python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
-        [--drafter-gate always|adaptive] [--repeats R]
+        [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off] [--repeats R]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
@@ -51,6 +51,8 @@ MODES = ("off", "copy", "drafter", "copy+drafter")
 ROUNDS = (3, 4)
 SAMPLED_SEED = 1
 
+ON_DEVICE = {"auto": None, "on": True, "off": False}   # --drafts-on-device
+
 
 def load_eval_prompts(args) -> list:
     out = load_prompts(args.prompts_dir / "spec_bench_question.jsonl",
@@ -70,7 +72,8 @@ def run_mode(args, mode: str, prompts, temps) -> dict:
     """Generate every prompt (one stream) per temperature; timings and metrics per category."""
     llm = LLM(args.engine, speculative=mode, max_num_seqs=1, max_model_len=args.max_model_len,
               device=args.device, drafter_depth=args.drafter_depth,
-              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate)
+              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
+              drafts_on_device=ON_DEVICE[args.drafts_on_device])
     out = {}
     for temp in temps:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=temp,
@@ -204,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the drafter's ring attention on the kernel path (EngineArgs)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"],
                     help="when a copy miss gets a drafter round (EngineArgs.drafter_gate)")
+    ap.add_argument("--drafts-on-device", default="auto", choices=list(ON_DEVICE),
+                    help="leave the drafter's drafts on the device until verification "
+                         "(EngineArgs.drafts_on_device; auto: on with overlapped rounds)")
     ap.add_argument("--sampler", choices=("fused", "torch"), default="fused",
                     help="sampled rows through the fused kernel (kolibri_trt.sampling."
                          "FUSED_SAMPLER, the default) or the torch ops")

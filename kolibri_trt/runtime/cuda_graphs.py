@@ -61,7 +61,8 @@ class PluginRunner:
                   "sliding_slots": ((self.max_t,), torch.long),
                   "cu_q_lens": ((n + 1,), torch.int32), "seq_lens": ((n,), torch.int32),
                   "full_block_tables": ((n, self.width), torch.int32),
-                  "sliding_block_tables": ((n, self.width), torch.int32)}
+                  "sliding_block_tables": ((n, self.width), torch.int32),
+                  "draft_dst": ((self.max_t,), torch.long), "draft_src": ((self.max_t,), torch.long)}
         # the graphs' inputs: views of one device byte buffer, written by one copy per step
         # from a pinned host mirror (CUDA) or in place (CPU)
         self._dev_bytes, self.static = _byte_views(shapes, model.device)
@@ -115,16 +116,25 @@ class PluginRunner:
         return count
 
     @torch.no_grad()
-    def forward(self, meta: StepMetadata, tap_layers: tuple[int, ...] = ()
+    def forward(self, meta: StepMetadata, tap_layers: tuple[int, ...] = (),
+                draft_ids: tuple[list[int], list[int], torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp32 logits [R, V] for meta.logits_rows and taps [T, len(tap_layers), H] or None
-        (the contract of `ModelRunner.forward`); meta may live on any device."""
+        (the contract of `ModelRunner.forward`); meta may live on any device.
+        draft_ids: (dst, src, values): token dst[i] of the step takes values[src[i]] (values:
+        int64 [N] on the model's device, e.g. a drafter round's drafts, which the current
+        stream must be ready to read) instead of meta.input_ids[dst[i]]; dst, src: host ints."""
         b = self.bucket(meta)
         if b is None:
             meta = _to(meta, self.model.device)
+            if draft_ids and draft_ids[0]:
+                dst, src, values = draft_ids
+                dev = self.model.device
+                meta.input_ids.index_copy_(0, torch.tensor(dst, device=dev),
+                                           values.index_select(0, torch.tensor(src, device=dev)))
             return self.model.forward(meta, self.caches, max(meta.seq_lens_host),
                                       max(meta.q_lens), tap_layers=tap_layers)
-        padded = self._fill(meta, *b)
+        padded = self._fill(meta, *b, draft_ids)
         key = (*b, tuple(tap_layers))
         if not self.use_graphs:
             logits, taps = self._run(padded, tap_layers)
@@ -170,14 +180,22 @@ class PluginRunner:
             self._dev_bytes.copy_(self._host_bytes, non_blocking=True)
             self._copied.record()
 
-    def _fill(self, meta: StepMetadata, s_b: int, t_b: int) -> StepMetadata:
+    def _fill(self, meta: StepMetadata, s_b: int, t_b: int, draft_ids=None) -> StepMetadata:
         """Copy the step into the static buffers, padded to (s_b, t_b); returns views of them
-        (`self.static`). Written on the host mirror, then uploaded in one copy."""
+        (`self.static`). Written on the host mirror, then uploaded in one copy; draft_ids
+        (`forward`'s): their indices ride in the same copy, then two ops put the values in."""
         if self._copied is not None:
             self._copied.synchronize()        # the previous upload has read the mirror
         lens = self._fill_host(meta, s_b, t_b)
+        k = len(draft_ids[0]) if draft_ids else 0
+        if k:
+            self._host["draft_dst"][:k].copy_(torch.tensor(draft_ids[0], dtype=torch.long))
+            self._host["draft_src"][:k].copy_(torch.tensor(draft_ids[1], dtype=torch.long))
         self._upload()
         st, s, n = self.static, meta.num_seqs, len(lens)
+        if k:
+            st["input_ids"].index_copy_(0, st["draft_dst"][:k],
+                                        draft_ids[2].index_select(0, st["draft_src"][:k]))
         return StepMetadata(
             input_ids=st["input_ids"][:t_b], positions=st["positions"][:t_b],
             cu_q_lens=st["cu_q_lens"][:n + 1], seq_lens=st["seq_lens"][:n],

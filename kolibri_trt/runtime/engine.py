@@ -18,7 +18,7 @@ from ..engine_format import TARGET_DIR
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
-from ..spec.plugin_drafter_proposer import PluginDrafterProposer
+from ..spec.plugin_drafter_proposer import DeferredDrafts, PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
 from ..spec.speculator import Speculator
 from ..spec.verify import Verdict, rejection_sample, target_probs, verify_batch
@@ -102,8 +102,14 @@ class LLMEngine:
         overlap = self.args.drafter_overlap
         if overlap is None:
             overlap = isinstance(proposer, PluginDrafterProposer) and self.device.type == "cuda"
+        defer = self.args.drafts_on_device
+        if defer is None:
+            defer = overlap and isinstance(self.runner, PluginRunner)   # TP wraps the runner
+        elif defer and not isinstance(self.runner, PluginRunner):
+            raise ValueError("drafts_on_device: needs the kernel path on one device "
+                             "(model_impl='plugins', no tensor parallelism)")
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
-                                     gate=self.args.drafter_gate, overlap=overlap)
+                                     gate=self.args.drafter_gate, overlap=overlap, defer=defer)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
         self._step_mark: float | None = None     # end of the last timed step (perf_counter)
@@ -208,6 +214,7 @@ class LLMEngine:
         """One batched target pass: propose drafts, verify every stream's drafts together,
         commit what was accepted. Returns the requests that committed tokens."""
         drafts = self._propose()
+        deferred = self.speculator.take_deferred()
         scheduled = self.scheduler.schedule({rid: len(d[0]) for rid, d in drafts.items()})
         if not scheduled:
             self._step_mark = None
@@ -216,7 +223,10 @@ class LLMEngine:
                  if it.samples and it.seq.request_id in drafts}
         g = self.cache.geometry
         meta = build_metadata(scheduled, g.block_size, g.ring_blocks, extra)
-        logits, taps = self.runner.forward(meta, self.tap_layers)
+        if deferred is None:
+            logits, taps = self.runner.forward(meta, self.tap_layers)
+        else:
+            logits, taps = self._forward_deferred(meta, scheduled, extra, deferred)
         verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra)
         outputs = []
         firsts = itertools.accumulate(meta.q_lens, initial=0)
@@ -238,6 +248,30 @@ class LLMEngine:
             outputs.append(step)
         self._time_step(any(src[0].startswith("drafter") for _, src in drafts.values() if src))
         return outputs
+
+    def _forward_deferred(self, meta, scheduled, extra: dict[str, list[int]],
+                          deferred: DeferredDrafts):
+        """The target pass with the drafter's drafts taken from the device (`extra` holds
+        zeros for them); then their host copy replaces the zeros in `extra`'s lists, for
+        verification. Returns `runner.forward`'s (logits, taps)."""
+        width = int(deferred.drafts.shape[1])
+        row_of = {rid: i * width for i, rid in enumerate(deferred.request_ids)}
+        dst, src, first = [], [], 0
+        for item in scheduled:
+            rid = item.seq.request_id
+            n = len(extra.get(rid, ())) if item.samples else 0
+            if n and rid in row_of:
+                a = first + item.num_tokens
+                dst.extend(range(a, a + n))
+                src.extend(range(row_of[rid], row_of[rid] + n))
+            first += item.num_tokens + n
+        deferred.ready_here()
+        out = self.runner.forward(meta, self.tap_layers,
+                                  draft_ids=(dst, src, deferred.drafts.view(-1)))
+        for rid, tokens in self.speculator.resolve_deferred().items():
+            if rid in extra:
+                extra[rid][:] = tokens[:len(extra[rid])]
+        return out
 
     def _time_step(self, drafted: bool) -> None:
         """The drafter gate's clock and the next round's prefetch: a step lasts from the end of

@@ -34,6 +34,10 @@ class EngineArgs:
     # start each step's drafter round right after the previous step, overlapping the host's
     # work (spec/speculator.py, `prefetch`): None = on with the drafter's kernel path on CUDA
     drafter_overlap: bool | None = None
+    # leave the drafter's drafts on the device: the target pass reads them there and the host
+    # only at verification, so no host sync waits for the round (spec/speculator.py, `defer`):
+    # None = on with drafter_overlap on one device's kernel path
+    drafts_on_device: bool | None = None
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces

@@ -33,6 +33,25 @@ from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  
 
 
 @dataclass
+class DeferredDrafts:
+    """The drafts of a launched round, left on the device: the target pass reads them from
+    there (`PluginRunner.forward`'s draft_ids), the host only at verification
+    (`PluginDrafterProposer.collect`), so no host sync sits between the round and the pass."""
+
+    request_ids: list[str]               # the round's ready streams, in its row order
+    drafts: torch.Tensor                 # int64 [S, depth*B] target ids, the drafter's device
+    stream: torch.cuda.Stream | None     # the round's CUDA stream (None on CPU)
+
+    def ready_here(self) -> None:
+        """Make the current CUDA stream wait for the round (and keep `drafts`'s memory alive
+        for its reads there); nothing on CPU."""
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.drafts.device)
+            current.wait_stream(self.stream)
+            self.drafts.record_stream(current)
+
+
+@dataclass
 class _Stream:
     """One stream's drafter state: its ring slot, the positions observed (0 .. num_positions
     - 1), kv_end (context rows of positions < kv_end are in the ring) and the taps still
@@ -189,7 +208,15 @@ class PluginDrafterProposer:
         ready, pieces, rows, commit, rnd = batch
         with self._on_stream(pieces):
             drafts, _ = self.runner.step(pieces, rows, commit, rnd)
-            self._inflight = (ready, self.runner.start_read(drafts))
+            self._inflight = (ready, self.runner.start_read(drafts), drafts)
+
+    def deferred(self) -> DeferredDrafts | None:
+        """The last `launch`'s drafts on the device without waiting for them (None when it had
+        no ready stream or was collected); `collect` still returns them on the host."""
+        if self._inflight is None:
+            return None
+        ready, _, drafts = self._inflight
+        return DeferredDrafts(list(ready), drafts, self.stream)
 
     def collect(self) -> dict[str, list[int]]:
         """The drafts of the last `launch` (waits for them: the round's one host sync), by
@@ -197,7 +224,7 @@ class PluginDrafterProposer:
         inflight, self._inflight = self._inflight, None
         if inflight is None:
             return {}
-        ready, host = inflight
+        ready, host, _ = inflight
         return dict(zip(ready, self.runner.finish_read(host)))
 
     @contextmanager

@@ -12,6 +12,7 @@ import torch
 from .copy_proposer import CopyIndex
 from .drafter_gate import DrafterGate
 from .drafter_proposer import DrafterProposer
+from .plugin_drafter_proposer import DeferredDrafts
 
 MODES = ("off", "copy", "drafter", "copy+drafter")
 
@@ -23,11 +24,14 @@ class Speculator:
     drafter round at once for the streams that will need it (their copy lookup, a pure
     function of the committed tokens, misses now as it will then; the gate agrees), on a
     proposer with `launch` / `collect` (`PluginDrafterProposer`: on CUDA its own stream), so
-    the round runs while the host prepares the next step; `propose_all` waits for it."""
+    the round runs while the host prepares the next step; `propose_all` waits for it, unless
+    `defer`: then the drafter's drafts stay on the device (`DeferredDrafts`, `take_deferred`):
+    `propose_all` returns placeholders (zeros) for them, the target pass reads the real ones
+    on the device, and the engine reads them at verification (`resolve_deferred`)."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
                  min_ngram: int = 2, max_ngram: int = 4, gate: str = "always",
-                 overlap: bool = False):
+                 overlap: bool = False, defer: bool = False):
         if mode not in MODES:
             raise ValueError(f"speculative: must be one of {list(MODES)}, got {mode!r}")
         if "drafter" in mode and drafter is None:
@@ -41,6 +45,11 @@ class Speculator:
             raise ValueError("drafter_overlap: needs the drafter's kernel path "
                              "(PluginDrafterProposer)")
         self.overlap = overlap and self.needs_taps
+        if defer and "drafter" in mode and not hasattr(drafter, "deferred"):
+            raise ValueError("drafts_on_device: needs the drafter's kernel path "
+                             "(PluginDrafterProposer)")
+        self.defer = defer and self.needs_taps
+        self.deferred: DeferredDrafts | None = None   # the last propose_all's, until taken
         self.prefetched: set[str] | None = None   # streams of the round in flight
         self.prefetch_seen: set[str] = set()      # streams `prefetch` decided on
         self.copy: dict[str, CopyIndex] = {}
@@ -68,6 +77,7 @@ class Speculator:
         Returns request_id -> (drafts, source of each draft), for streams with drafts. A
         prefetched round counts for this call only."""
         pre, self.prefetched = self.prefetched, None
+        self.deferred = None
         seen, self.prefetch_seen = self.prefetch_seen, set()
         out, cands = {}, []
         for rid, tokens, room in items:
@@ -94,12 +104,34 @@ class Speculator:
     def _drafter_round(self, misses: list[tuple[str, list[int], int]],
                        pre: set[str] | None) -> dict[str, list[int]]:
         """The drafter's drafts for `misses`: the prefetched round's (streams `pre`) where it
-        covers them (waiting for it), a round now for the others."""
-        got = self.drafter.collect() if pre and any(r in pre for r, _, _ in misses) else {}
+        covers them (waiting for it), a round now for the others. With `defer`, the last
+        round's are left on the device (`self.deferred`) and come back as zeros."""
+        covered = bool(pre) and any(r in pre for r, _, _ in misses)
         rest = [(rid, tokens) for rid, tokens, _ in misses if not pre or rid not in pre]
-        if rest:
-            got.update(self.drafter.propose_batch(rest))
+        if not self.defer:
+            got = self.drafter.collect() if covered else {}
+            if rest:
+                got.update(self.drafter.propose_batch(rest))
+            return got
+        got = {}
+        if rest:     # the prefetched round (if any) is read now, the new one deferred
+            got = self.drafter.collect() if covered else {}
+            self.drafter.launch(rest)
+        self.deferred = self.drafter.deferred()
+        if self.deferred is not None:
+            n = int(self.deferred.drafts.shape[1])
+            got.update((rid, [0] * n) for rid in self.deferred.request_ids)
         return got
+
+    def take_deferred(self) -> DeferredDrafts | None:
+        """The drafts `propose_all` left on the device (None if it left none), once."""
+        out, self.deferred = self.deferred, None
+        return out
+
+    def resolve_deferred(self) -> dict[str, list[int]]:
+        """The host copy of the deferred round's drafts (`take_deferred`'s), by request id:
+        waits for the round's copy to the host (by now long done)."""
+        return self.drafter.collect()
 
     def prefetch(self, items: list[tuple[str, list[int], int]]) -> None:
         """After a step (overlap only): start the next step's drafter round, without waiting,
