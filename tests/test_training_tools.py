@@ -232,8 +232,40 @@ def test_fast_drafter_matches_reference_block_pass():
 def test_distill_loss_is_zero_on_the_teacher():
     teacher = torch.randn(2, 6, 10)
     student = torch.stack([torch.roll(teacher, -1 - j, dims=1) for j in range(3)], dim=2)
-    loss, agree = train_drafter.distill_loss(student, teacher, 0.8)
-    assert float(loss) < 1e-6 and all(float(a) == 1.0 for a in agree)
+    loss, agree, none = train_drafter.distill_loss(student, teacher, 0.8)
+    assert float(loss) < 1e-6 and all(float(a) == 1.0 for a in agree) and none == []
+    w = torch.rand(2, 6) + 0.5
+    miss = torch.rand(2, 6) < 0.5
+    loss, agree, agree_miss = train_drafter.distill_loss(student, teacher, 0.8, w, miss)
+    assert float(loss) < 1e-6 and len(agree_miss) == 3
+
+
+def test_distill_loss_weights_the_anchors():
+    """Anchor weights: a weighted loss is the weighted mean of the per-anchor KL (row 0 only:
+    a block of 1), so all the weight on one anchor gives that anchor's KL."""
+    teacher, student = torch.randn(1, 5, 7), torch.randn(1, 5, 1, 7)
+    w = torch.zeros(1, 5)
+    w[0, 2] = 3.0
+    loss, _, _ = train_drafter.distill_loss(student, teacher, 0.8, w)
+    logp_t = torch.log_softmax(teacher[0, 3], -1)
+    want = (logp_t.exp() * (logp_t - torch.log_softmax(student[0, 2, 0], -1))).sum()
+    assert float(loss) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_copy_miss_mask_matches_the_copy_index():
+    """copy_miss_mask marks exactly the anchors where `CopyIndex` (n-grams 2..4) proposes
+    nothing after the window's tokens up to the anchor's next token."""
+    from kolibri_trt.spec.copy_proposer import CopyIndex
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 6, (3, 41), generator=g)      # a small alphabet: many repeats
+    mask = train_drafter.copy_miss_mask(ids)
+    assert mask.shape == (3, 40)
+    for b in range(3):
+        for p in range(40):
+            index = CopyIndex(2, 4)
+            index.extend(ids[b, :p + 2].tolist())
+            assert bool(mask[b, p]) == (index.propose(1) == []), (b, p)
+    assert 0 < int(mask.sum()) < mask.numel()
 
 
 def test_drafter_trains_two_steps_and_its_checkpoint_loads(tiny_corpus, trained_target, tmp_path):
@@ -245,11 +277,28 @@ def test_drafter_trains_two_steps_and_its_checkpoint_loads(tiny_corpus, trained_
         "--vocab-tokens", "64", "--seq-len", "12", "--batch-size", "2", "--steps", "2",
         "--warmup", "1", "--log-every", "1", "--eval-batches", "1", "--device", "cpu"])
     meta = train_drafter.train(args)
-    assert meta["step"] == 2 and len(meta["valid_agree"]) == 4
+    assert meta["step"] == 2 and [len(v) for v in meta["valid_agree"].values()] == [4, 4]
     target = KolibriForCausalLM.from_pretrained(trained_target / "export")
     drafter = KolibriBlockDrafter.from_pretrained(tmp_path / "drafter" / "export", target=target)
     assert drafter.config.target_layer_ids == (0, 2, 4)
     assert len(drafter.draft_vocab) == 64 and 2 in drafter.draft_vocab.tolist()
+    # fine-tuning from that export, the anchors where copy drafting misses weighted 3x
+    tuned = tmp_path / "tuned"
+    args = train_drafter.build_parser().parse_args([
+        "--corpus", str(tiny_corpus), "--target", str(trained_target / "export"),
+        "--run-dir", str(tuned), "--cache-dir", str(tiny_corpus / "cache"),
+        "--init-from", str(tmp_path / "drafter" / "export"), "--copy-miss-weight", "2",
+        "--seq-len", "12", "--batch-size", "2", "--steps", "1", "--warmup", "1",
+        "--log-every", "1", "--eval-batches", "1", "--device", "cpu"])
+    assert train_drafter.train(args)["step"] == 1
+    again = KolibriBlockDrafter.from_pretrained(tuned / "export", target=target)
+    assert again.draft_vocab.tolist() == drafter.draft_vocab.tolist()
+    extra = again.config.extra
+    assert (extra["training_steps"], extra["fine_tuning_steps"]) == (3, 1)
+    assert extra["copy_miss_weight"] == 2.0
+    changed = any(not torch.equal(a, b) for a, b in zip(drafter.state_dict().values(),
+                                                         again.state_dict().values()))
+    assert changed
 
 
 # ---- small helpers ------------------------------------------------------------------------

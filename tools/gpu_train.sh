@@ -25,6 +25,12 @@
 #   COMPILE=1             torch.compile the losses (target ~2 min, drafter ~40 s; then
 #                         ~2.3x faster)
 #   TARGET_ARGS, DRAFTER_ARGS   extra options of tools/train_target.py / train_drafter.py
+#   PACK_ITEMS            what is packed, under runs/ (default: both exports, logs, vocab)
+# Fine-tuning the shipped drafter (the target's export taken as it is, no state: not trained):
+#   mkdir -p runs/target && cp -r checkpoints/kolibri-mini/target runs/target/export &&
+#   BUDGET_S=330 PACK_ITEMS="drafter/export drafter/log.jsonl" DRAFTER_ARGS="--init-from
+#   checkpoints/kolibri-mini/drafter --copy-miss-weight 2 --lr 2e-4 --steps 1500 --warmup 50"
+#   bash tools/gpu_train.sh
 #   OUT=runs/out          where the packed results go (the device tool sets it)
 # State: runs/target/state and runs/drafter/state (git-ignored) stay on a warm machine, so a
 # second call resumes exactly; a finished target's export (runs/target/export with
@@ -83,7 +89,8 @@ if target_done && [ "$(left)" -gt "$DRAFTER_START_S" ]; then
 fi
 
 PACK=()
-for d in target/export drafter/export target/log.jsonl drafter/log.jsonl drafter/draft_vocab.json; do
+for d in ${PACK_ITEMS:-target/export drafter/export target/log.jsonl drafter/log.jsonl \
+    drafter/draft_vocab.json}; do
   if [ -e "runs/$d" ]; then PACK+=("$d"); fi
 done
 if [ "${#PACK[@]}" -gt 0 ]; then

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--export-every-call", action="store_true")
     a("--compile", action="store_true", help="torch.compile the drafter's loss")
     a("--cache-dir", type=Path)
+    a("--init-from", type=Path, help="start from this drafter checkpoint (its config and draft "
+      "vocabulary; the seed fine-tuned so with --lr 2e-4, i.e. 2e-4 -> 2e-5)")
+    a("--copy-miss-weight", type=float, default=0.0,
+      help="extra loss weight of the anchors where copy drafting misses (`copy_miss_mask`): "
+           "weight 1 + this, 1 elsewhere (0: the seed's recipe)")
     return p
 
 
@@ -150,63 +155,108 @@ def choose_draft_vocab(target, tokens, size: int, n_tokens: int, args, device) -
     return order
 
 
-def distill_loss(logits: torch.Tensor, teacher: torch.Tensor, decay: float
-                 ) -> tuple[torch.Tensor, list[float]]:
+@torch.no_grad()
+def copy_miss_mask(ids: torch.Tensor) -> torch.Tensor:
+    """bool [B, T] for windows ids int64 [B, T + 1]: anchor p's copy lookup misses, i.e. the
+    bigram (ids[p], ids[p + 1]) that ends at the anchor's next token occurs nowhere earlier
+    in the window (`CopyIndex` with min_ngram 2 hits iff it does: a longer match contains
+    it). What the engine's copy+drafter mode hands the drafter (the window stands in for the
+    stream's whole context)."""
+    b, t = ids.shape[0], ids.shape[1] - 1
+    v = int(ids.max()) + 1
+    key = ids[:, :-1] * v + ids[:, 1:] + torch.arange(b, device=ids.device)[:, None] * v * v
+    _, inv = torch.unique(key.flatten(), return_inverse=True)
+    pos = torch.arange(b * t, device=ids.device)
+    first = torch.full((int(inv.max()) + 1,), b * t, dtype=torch.long, device=ids.device)
+    first.scatter_reduce_(0, inv, pos, "amin")
+    return (first[inv] == pos).view(b, t)
+
+
+def distill_loss(logits: torch.Tensor, teacher: torch.Tensor, decay: float,
+                 weights: torch.Tensor | None = None, miss: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """KL(teacher || drafter) per row j, weighted decay^j and normalised by the weights.
 
     logits: [B, T, Bk, Vd] drafter logits of anchors 0..T-1; teacher: [B, T, Vd] the target's
     logits restricted to the draft vocabulary; row j of anchor p is scored against the
-    teacher at p + 1 + j (anchors past the window's end are skipped). Returns (loss fp32
-    scalar, top-1 agreement per row: fp32 scalars, no grad).
+    teacher at p + 1 + j (anchors past the window's end are skipped); weights: fp32 [B, T]
+    per anchor (None: the plain mean); miss: bool [B, T] (`copy_miss_mask`), for the
+    agreement on those anchors. Returns (loss fp32 scalar, top-1 agreement per row, the same
+    on the `miss` anchors (empty without): fp32 scalars, no grad).
     """
     t, blk = logits.shape[1], logits.shape[2]
-    total, wsum, agree = logits.new_zeros((), dtype=torch.float32), 0.0, []
+    total, wsum, agree, agree_miss = logits.new_zeros((), dtype=torch.float32), 0.0, [], []
     for j in range(blk):
         s = logits[:, : t - 1 - j, j].float()
         tt = teacher[:, 1 + j:].float()
         logp_t = F.log_softmax(tt, dim=-1)
-        kl = (logp_t.exp() * (logp_t - F.log_softmax(s, dim=-1))).sum(-1).mean()
+        kl = (logp_t.exp() * (logp_t - F.log_softmax(s, dim=-1))).sum(-1)
+        if weights is None:
+            kl = kl.mean()
+        else:
+            w = weights[:, : t - 1 - j]
+            kl = (kl * w).sum() / w.sum()
         total = total + decay ** j * kl
         wsum += decay ** j
-        agree.append((s.argmax(-1) == tt.argmax(-1)).float().mean().detach())
-    return total / wsum, agree
+        hit = (s.argmax(-1) == tt.argmax(-1)).float()
+        agree.append(hit.mean().detach())
+        if miss is not None:
+            m = miss[:, : t - 1 - j].float()
+            agree_miss.append(((hit * m).sum() / m.sum().clamp(min=1)).detach())
+    return total / wsum, agree, agree_miss
 
 
-def drafter_loss(drafter, taps, next_ids, pred, teacher, decay: float):
+def drafter_loss(drafter, taps, next_ids, pred, teacher, decay: float, weights=None,
+                 miss=None):
     """`distill_loss` of the drafter's block rows for every anchor (what --compile compiles).
-    taps [B, T, n_taps, H]; next_ids, pred int64 [B, T]; teacher [B, T, Vd]."""
+    taps [B, T, n_taps, H]; next_ids, pred int64 [B, T]; teacher [B, T, Vd]; weights,
+    miss: `distill_loss`'s."""
     x = fast_drafter.block_states(drafter, taps, next_ids)
     logits, _ = fast_drafter.block_logits(drafter, x, pred)
-    return distill_loss(logits, teacher, decay)
+    return distill_loss(logits, teacher, decay, weights, miss)
 
 
 def step_loss(drafter, target, ids, args, device, loss_fn=drafter_loss):
-    """Loss and per-row agreement of one batch of windows ids [B, T + 1]."""
+    """Loss, per-row agreement and per-row agreement where copy drafting misses, of one
+    batch of windows ids [B, T + 1]; anchors weighted 1 + --copy-miss-weight there."""
     c, t = drafter.config, args.seq_len
     taps, tlogits = target_pass(target, ids[:, :t], c.target_layer_ids, device)
     pred = tlogits.argmax(-1)
     teacher = tlogits[..., drafter.draft_vocab]
+    miss = copy_miss_mask(ids[:, :t + 1])
+    weights = 1.0 + args.copy_miss_weight * miss.float() if args.copy_miss_weight else None
     with autocast(device):
-        return loss_fn(drafter, taps, ids[:, 1:t + 1], pred, teacher, args.position_decay)
+        return loss_fn(drafter, taps, ids[:, 1:t + 1], pred, teacher, args.position_decay,
+                       weights, miss)
 
 
 @torch.no_grad()
-def evaluate(drafter, target, tokens, args, device) -> list[float]:
-    """Mean top-1 agreement per block row over --eval-batches fixed validation windows."""
+def evaluate(drafter, target, tokens, args, device) -> dict[str, list[float]]:
+    """Mean top-1 agreement per block row over --eval-batches fixed validation windows: at
+    every anchor ("all") and where copy drafting misses ("copy_miss")."""
     rows = None
     for i in range(args.eval_batches):
         ids = batch_at(tokens, i, args.batch_size, args.seq_len + 1, EVAL_SEED).to(device)
-        _, agree = step_loss(drafter, target, ids, args, device)
-        a = torch.stack(agree).cpu()
+        _, agree, agree_miss = step_loss(drafter, target, ids, args, device)
+        a = torch.stack([torch.stack(agree), torch.stack(agree_miss)]).cpu()
         rows = a if rows is None else rows + a
-    return [round(float(x) / args.eval_batches, 4) for x in rows]
+    return {k: [round(float(x) / args.eval_batches, 4) for x in r]
+            for k, r in zip(("all", "copy_miss"), rows)}
 
 
-def export(drafter: KolibriBlockDrafter, out: Path, meta: dict) -> None:
-    """bf16 drafter checkpoint (config.json, model.safetensors, draft_vocab.json) into `out`."""
+def export(drafter: KolibriBlockDrafter, out: Path, meta: dict, args=None) -> None:
+    """bf16 drafter checkpoint (config.json, model.safetensors, draft_vocab.json) into `out`;
+    config extra: training steps and tokens (a fine-tuned one's: its start's plus this run's,
+    then fine_tuning_steps and copy_miss_weight)."""
     import dataclasses
+    extra = dict(drafter.config.extra)
+    steps, tokens = meta["step"], meta["tokens"]
+    if args is not None and args.init_from is not None:
+        steps += int(extra.get("training_steps", 0))
+        tokens += int(extra.get("training_tokens", 0))
+        extra.update(fine_tuning_steps=meta["step"], copy_miss_weight=args.copy_miss_weight)
     cfg = dataclasses.replace(drafter.config, extra={
-        **drafter.config.extra, "training_steps": meta["step"], "training_tokens": meta["tokens"]})
+        **extra, "training_steps": steps, "training_tokens": tokens})
     ref = KolibriBlockDrafter(cfg, drafter.target, drafter.draft_vocab.cpu())
     ref.load_state_dict({k: v.detach().to("cpu", torch.bfloat16)
                          for k, v in drafter.state_dict().items()})
@@ -215,23 +265,28 @@ def export(drafter: KolibriBlockDrafter, out: Path, meta: dict) -> None:
 
 
 def setup(args, device):
-    """Target, token streams, draft vocabulary (chosen once per run dir) and a fresh drafter."""
+    """Target, token streams, draft vocabulary (chosen once per run dir) and a fresh drafter,
+    or (--init-from) the given drafter with its config and draft vocabulary, in fp32."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = KolibriForCausalLM.from_pretrained(args.target, dtype=dtype, device=device)
     cache = args.cache_dir or args.run_dir / "cache"
     train_tok = tokenize_corpus(args.corpus / "train.jsonl.xz", args.target, cache, 0.0, 0)
     valid_tok = tokenize_corpus(args.corpus / "valid.jsonl.xz", args.target, cache, 0.0, 0)
-    vocab_file = args.run_dir / "draft_vocab.json"
-    if vocab_file.is_file():
-        vocab = json.loads(vocab_file.read_text())
+    if args.init_from is not None:
+        drafter = KolibriBlockDrafter.from_pretrained(args.init_from, target=target,
+                                                      dtype=torch.float32).requires_grad_(True)
     else:
-        size = min(args.draft_vocab_size, target.config.vocab_size)
-        vocab = choose_draft_vocab(target, train_tok, size, args.vocab_tokens, args, device)
-        write_bytes_atomic(vocab_file, json.dumps(vocab).encode())
-    cfg = drafter_config(target.config, args, len(vocab))
-    drafter = KolibriBlockDrafter(cfg, DrafterTarget.of(target),
-                                  torch.tensor(vocab, dtype=torch.long))
-    init_weights(drafter, args.seed)
+        vocab_file = args.run_dir / "draft_vocab.json"
+        if vocab_file.is_file():
+            vocab = json.loads(vocab_file.read_text())
+        else:
+            size = min(args.draft_vocab_size, target.config.vocab_size)
+            vocab = choose_draft_vocab(target, train_tok, size, args.vocab_tokens, args, device)
+            write_bytes_atomic(vocab_file, json.dumps(vocab).encode())
+        cfg = drafter_config(target.config, args, len(vocab))
+        drafter = KolibriBlockDrafter(cfg, DrafterTarget.of(target),
+                                      torch.tensor(vocab, dtype=torch.long))
+        init_weights(drafter, args.seed)
     drafter.to(device).train()
     drafter.draft_vocab = drafter.draft_vocab.to(device)
     drafter.head_slice = target.lm_head.weight[drafter.draft_vocab].detach()
@@ -255,17 +310,20 @@ def train(args) -> dict:
     log.log(event="start", step=meta["step"], params=sum(p.numel() for p in drafter.parameters()),
             draft_vocab=drafter.config.draft_vocab_size, device=str(device))
     loss_fn = torch.compile(drafter_loss) if args.compile else drafter_loss
+    if args.init_from is not None and meta["step"] == 0:     # the starting point's agreement
+        log.log(step=0, valid_agree=evaluate(drafter, target, valid_tok, args, device))
 
     def one_step(step: int, lr: float):
         for g in opt.param_groups:
             g["lr"] = lr
         ids = batch_at(train_tok, step, args.batch_size, args.seq_len + 1, args.seed).to(device)
-        loss, agree = step_loss(drafter, target, ids, args, device, loss_fn)
+        loss, agree, agree_miss = step_loss(drafter, target, ids, args, device, loss_fn)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss, {"grad_norm": gnorm, "agree": agree}, ids[:, :-1].numel()
+        return loss, {"grad_norm": gnorm, "agree": agree, "agree_miss": agree_miss}, \
+            ids[:, :-1].numel()
 
     budget = run_steps(args, meta, one_step,
                        lambda: {"valid_agree": evaluate(drafter, target, valid_tok, args, device)},
@@ -274,7 +332,7 @@ def train(args) -> dict:
     finished = meta["step"] >= args.steps
     if finished or args.export_every_call:
         meta["valid_agree"] = evaluate(drafter, target, valid_tok, args, device)
-        export(drafter, args.out or args.run_dir / "export", meta)
+        export(drafter, args.out or args.run_dir / "export", meta, args)
     log.log(event="stop", step=meta["step"], finished=finished,
             valid_agree=meta.get("valid_agree"), elapsed_s=budget.elapsed())
     return meta
