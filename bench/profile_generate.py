@@ -52,7 +52,14 @@ def _dev_us(e) -> float:
 PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
          ("verify", "engine", "_verify_all"), ("observe", "speculator", "observe"),
          ("prefetch", "speculator", "prefetch"), ("drafter", "drafter", "propose_batch"),
-         ("launch", "drafter", "launch"), ("collect", "drafter", "collect"))
+         ("launch", "drafter", "launch"), ("collect", "drafter", "collect"),
+         # finer: the step's schedule and metadata, the target runner's input fill (+ upload,
+         # + the drafts' device copy), every CUDA graph replay call (target and drafter), the
+         # deferred-drafts forward, the drafter launch's input gathering and runner step
+         ("schedule", "scheduler", "schedule"), ("metadata", "engine_module", "build_metadata"),
+         ("fill", "runner", "_fill"), ("replay", "graph", "replay"),
+         ("forward_deferred", "engine", "_forward_deferred"),
+         ("d_inputs", "drafter", "_collect"), ("d_step", "drafter_runner", "step"))
 
 
 def timed_split(llm, ids, params) -> dict:
@@ -64,8 +71,11 @@ def timed_split(llm, ids, params) -> dict:
     on demand, launch + collect), `launch` (staging, upload, replays) and `collect` (waiting
     for the drafts); drafter rounds per decode step."""
     eng = llm.engine
+    drafter = eng.speculator.drafter
     objs = {"engine": eng, "runner": eng.runner, "speculator": eng.speculator,
-            "drafter": eng.speculator.drafter}
+            "drafter": drafter, "scheduler": eng.scheduler, "graph": torch.cuda.CUDAGraph,
+            "engine_module": sys.modules[type(eng).__module__],
+            "drafter_runner": getattr(drafter, "runner", None)}
     acc = dict.fromkeys(["step", "decode_steps", "drafter_rounds"] + [k for k, _, _ in PARTS],
                         0.0)
     state = {"decode": False}
@@ -101,17 +111,32 @@ def timed_split(llm, ids, params) -> dict:
                 state["decode"] = False
         return run
 
-    undo = [wrap(objs[o], n, k) for k, o, n in PARTS if hasattr(objs[o], n)]
+    undo = [wrap(objs[o], n, k) for k, o, n in PARTS
+            if objs[o] is not None and hasattr(objs[o], n)]
+    by_tokens: dict[int, list[float]] = {}     # runner.forward seconds by the step's tokens
+    forward = eng.runner.forward
+
+    def timed_forward(meta, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return forward(meta, *a, **kw)
+        finally:
+            if state["decode"]:
+                by_tokens.setdefault(int(meta.num_tokens), []).append(time.perf_counter() - t0)
+    eng.runner.forward = timed_forward
+    undo.append(lambda: setattr(eng.runner, "forward", forward))
     orig_step = eng.step
     eng.step = step_wrapper(orig_step)
     try:
         llm.generate(ids, params)
     finally:
         eng.step = orig_step
-        for u in undo:
+        for u in reversed(undo):
             u()
     n = max(1, acc["decode_steps"])
     out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
+    out["forward_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3}
+                                for t, v in sorted(by_tokens.items())}
     out.update(decode_steps=int(acc["decode_steps"]),
                step_median_ms=statistics.median(samples) * 1e3 if samples else 0.0,
                step_max_ms=max(samples, default=0.0) * 1e3,
@@ -164,6 +189,8 @@ def report(r: dict) -> None:
     print(f"   unprofiled, per decode step ({u['decode_steps']} steps): {u['step_ms']:.3f} ms "
           f"(median {u['step_median_ms']:.3f}, max {u['step_max_ms']:.3f}); "
           f"{parts}; drafter rounds {u['drafter_rounds_per_step']:.2f} per step")
+    print("   forward by step tokens: " + ", ".join(
+        f"{t}: {v['median_ms']:.3f} ms x{v['steps']}" for t, v in u["forward_by_tokens"].items()))
     for x in r["top_host_ops"][:10]:
         print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
     for x in r["top_kernels"][:10]:

@@ -50,6 +50,17 @@ def test_adaptive_measures_plain_steps_when_every_step_drafts():
     assert gate.threshold == pytest.approx(1.0) and gate.decide(["a"]) == {"a"}
 
 
+def test_copy_only_steps_are_not_timed():
+    """A step with copy drafts only is neither a plain nor a drafted step (its pass verifies
+    more drafts than a skipped miss would), and does not end a run of drafted steps."""
+    gate = DrafterGate("adaptive", 4)
+    gate.record_step(0.003, drafted=True)
+    gate.record_step(0.009, drafted=False, copy_only=True)
+    assert gate.plain_s is None and gate.drafted_run == 1
+    gate.record_step(0.001, drafted=False)
+    assert gate.threshold == pytest.approx(2.0)
+
+
 def test_unknown_policy_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="^drafter_gate:"):
         DrafterGate("sometimes", 4)
@@ -74,8 +85,8 @@ def test_adaptive_gate_is_lossless_and_skips_rounds(engine_dir, mode, monkeypatc
     adaptive = LLM(engine_dir, speculative=mode, max_num_batched_tokens=64,
                    drafter_gate="adaptive")
     gate = adaptive.engine.speculator.gate
-    monkeypatch.setattr(gate, "record_step", lambda s, drafted: DrafterGate.record_step(
-        gate, 1.5 if drafted else 0.5, drafted))         # a round costs 2 plain steps
+    monkeypatch.setattr(gate, "record_step", lambda s, drafted, copy_only: DrafterGate.record_step(
+        gate, 1.5 if drafted else 0.5, drafted, copy_only))    # a round costs 2 plain steps
     for p in params:
         want = [o.token_ids for o in off.generate(PROMPTS, p)]
         assert [o.token_ids for o in always.generate(PROMPTS, p)] == want

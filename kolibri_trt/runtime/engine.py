@@ -246,7 +246,8 @@ class LLMEngine:
                 self._observe(seq, item.start, taps, first,
                               item.num_tokens + verdict.num_accepted, step.new_token_ids)
             outputs.append(step)
-        self._time_step(any(src[0].startswith("drafter") for _, src in drafts.values() if src))
+        drafted = any(src[0].startswith("drafter") for _, src in drafts.values() if src)
+        self._time_step(drafted, not drafted and bool(extra))
         return outputs
 
     def _forward_deferred(self, meta, scheduled, extra: dict[str, list[int]],
@@ -273,13 +274,14 @@ class LLMEngine:
                 extra[rid][:] = tokens[:len(extra[rid])]
         return out
 
-    def _time_step(self, drafted: bool) -> None:
+    def _time_step(self, drafted: bool, copy_only: bool) -> None:
         """The drafter gate's clock and the next round's prefetch: a step lasts from the end of
         the previous one (so its prefetched round's launch counts in the step that uses it)
-        to now; steps after an idle engine are not timed."""
+        to now; steps after an idle engine are not timed. drafted, copy_only: whether the
+        step verified drafter drafts, or copy drafts only (`Speculator.record_step`)."""
         now = time.perf_counter()
         if self._step_mark is not None:
-            self.speculator.record_step(now - self._step_mark, drafted)
+            self.speculator.record_step(now - self._step_mark, drafted, copy_only)
         if self.speculator.overlap:
             self.speculator.prefetch(self._draft_items())
         self._step_mark = now if self.scheduler.has_work() else None

@@ -1,8 +1,10 @@
 """Whether a stream whose copy lookup missed gets a block-drafter round (adaptive drafting).
 
 A whole engine step (proposal, target pass, verification, commit) takes `plain_s` seconds of
-wall time when no stream drafts with the drafter and `drafted_s` when the drafter ran: the
-round itself, what of it the overlap does not hide, and the longer verification. With drafts a
+wall time when no stream has drafts and `drafted_s` when the drafter ran: the round itself,
+what of it the overlap does not hide, and the longer verification. Steps with copy drafts only
+are not timed: a miss skipped by the gate becomes a step without drafts, so that is the step
+a round must beat (a copy step verifies up to num_speculative_tokens drafts, a costlier pass). With drafts a
 stream commits 1 + a tokens (a = accepted drafts) per step, without them 1. So drafting pays
 when the expected accepted tokens exceed the extra time in units of plain steps:
 
@@ -76,8 +78,11 @@ class DrafterGate:
                 self.skipped[rid] = self.skipped.get(rid, 0) + 1
         return out
 
-    def record_step(self, seconds: float, drafted: bool) -> None:
-        """Wall seconds of one engine step; drafted: the drafter's drafts were in it."""
+    def record_step(self, seconds: float, drafted: bool, copy_only: bool = False) -> None:
+        """Wall seconds of one engine step; drafted: the drafter's drafts were in it;
+        copy_only: only copy drafts were (such a step is not timed)."""
+        if copy_only and not drafted:
+            return
         if drafted:
             self.drafted_s = _ema(self.drafted_s, seconds)
             self.drafted_run += 1

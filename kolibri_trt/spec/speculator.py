@@ -160,10 +160,10 @@ class Speculator:
         if sources and sources[0].startswith("drafter"):
             self.gate.record_outcome(request_id, accepted)
 
-    def record_step(self, seconds: float, drafted: bool) -> None:
+    def record_step(self, seconds: float, drafted: bool, copy_only: bool = False) -> None:
         """Wall seconds of a whole engine step; drafted: some stream verified drafter drafts
-        in it (the gate's cost measure)."""
-        self.gate.record_step(seconds, drafted)
+        in it (the gate's cost measure); copy_only: only copy drafts were."""
+        self.gate.record_step(seconds, drafted, copy_only)
 
     def observe(self, request_id: str, start: int, taps: torch.Tensor | None,
                 committed: list[int]) -> None:
