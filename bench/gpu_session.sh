@@ -51,6 +51,15 @@
 #       off (greedy, 2 prompts per category, 128 tokens, medians of 2), the mini round's host
 #       parts and kernels, profile_generate's split (~9 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=l bash bench/gpu_session.sh   where a drafted step's time goes (profile_generate's
+#       finer parts and forward time by step tokens, copy vs copy+drafter), then the acceptance
+#       eval (greedy, 2 prompts per category, 128 tokens, medians of 2) of the shipped drafter
+#       and of the one fine-tuned with the copy-miss weight (engines/mini-h200-ft), and the
+#       latter with the adaptive gate (~6 min).
+#                                                               carry: engines/carry-c.tar.xz
+#       (python build.py --target h200 --force --model checkpoints/kolibri-mini/target
+#        --drafter runs/finetune-miss2/drafter/export --out engines/mini-h200-ft;
+#        tar -C engines -cf - mini-h200 mini-h200-ft prompts | xz -9 > engines/carry-c.tar.xz)
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -84,9 +93,9 @@ step() {  # step NAME SECONDS COMMAND...: run under a timeout, log to $OUT/NAME.
 }
 
 evalmini() {  # evalmini NAME SECONDS ARGS...: the acceptance eval on the trained default
-  local name=$1 limit=$2
+  local name=$1 limit=$2   # (or on $ENGINE)
   shift 2
-  step "$name" "$limit" python3 tools/eval_acceptance.py --engine engines/mini-h200 \
+  step "$name" "$limit" python3 tools/eval_acceptance.py --engine "${ENGINE:-engines/mini-h200}" \
     --prompts-dir engines/prompts --device cuda "$@"
 }
 
@@ -180,6 +189,18 @@ case "${PART:-}" in
       --prompts-file "$P" --only round
     step profile 80 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT/profile"
+    ;;
+  l)
+    unpack carry-c
+    P=engines/prompts/spec_bench_question.jsonl
+    step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT"
+    evalmini acceptance 130 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0
+    ENGINE=engines/mini-h200-ft evalmini acceptance_ft 80 --per-category 2 --humaneval 0 \
+      --max-tokens 128 --repeats 2 --temperatures 0 --json "$OUT/eval_ft.json"
+    ENGINE=engines/mini-h200-ft evalmini acceptance_ft_adaptive 80 --per-category 2 \
+      --humaneval 0 --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive
     ;;
   b)
     unpack carry-b
