@@ -60,6 +60,12 @@
 #       (python build.py --target h200 --force --model checkpoints/kolibri-mini/target
 #        --drafter runs/finetune-miss2/drafter/export --out engines/mini-h200-ft;
 #        tar -C engines -cf - mini-h200 mini-h200-ft prompts | xz -9 > engines/carry-c.tar.xz)
+#   PART=m bash bench/gpu_session.sh   host costs of a decode step's calls (bench/launch_costs.py:
+#       the target's and the drafter's graph replays alone, alternating, back to back, on the
+#       drafter's own stream or the current one; the runner's _fill), then the acceptance eval
+#       (greedy, 2 prompts per category, 128 tokens, medians of 2) with drafter rounds on their
+#       own stream and on the current one (~4 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -201,6 +207,14 @@ case "${PART:-}" in
       --max-tokens 128 --repeats 2 --temperatures 0 --json "$OUT/eval_ft.json"
     ENGINE=engines/mini-h200-ft evalmini acceptance_ft_adaptive 80 --per-category 2 \
       --humaneval 0 --max-tokens 128 --repeats 2 --temperatures 0 --drafter-gate adaptive
+    ;;
+  m)
+    unpack carry-b
+    step launch_costs 150 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
+    evalmini acceptance 120 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0
+    evalmini acceptance_current 80 --per-category 2 --humaneval 0 --max-tokens 128 \
+      --repeats 2 --temperatures 0 --drafter-stream current
     ;;
   b)
     unpack carry-b

@@ -4,7 +4,8 @@
     python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
-        [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off] [--repeats R]
+        [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off]
+        [--drafter-stream own|current] [--repeats R]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
@@ -43,6 +44,7 @@ import fast_drafter  # noqa: E402
 
 from kolibri_trt import LLM, SamplingParams, sampling  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
+from kolibri_trt.spec import plugin_drafter_proposer  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
@@ -210,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafts-on-device", default="auto", choices=list(ON_DEVICE),
                     help="leave the drafter's drafts on the device until verification "
                          "(EngineArgs.drafts_on_device; auto: on with overlapped rounds)")
+    ap.add_argument("--drafter-stream", choices=("own", "current"), default="own",
+                    help="drafter rounds on a CUDA stream of their own or on the current one "
+                         "(spec/plugin_drafter_proposer.py, OWN_STREAM)")
     ap.add_argument("--sampler", choices=("fused", "torch"), default="fused",
                     help="sampled rows through the fused kernel (kolibri_trt.sampling."
                          "FUSED_SAMPLER, the default) or the torch ops")
@@ -224,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         ap.error(f"--repeats: must be >= 1, got {args.repeats}")
     sampling.FUSED_SAMPLER = args.sampler == "fused"
+    plugin_drafter_proposer.OWN_STREAM = args.drafter_stream == "own"
     prompts = load_eval_prompts(args)
     results = {m: run_mode(args, m, prompts, args.temperatures) for m in MODES}
     for m in MODES:

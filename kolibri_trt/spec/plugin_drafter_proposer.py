@@ -31,6 +31,12 @@ from ..drafter import DrafterTarget
 from ..drafter.plugin_drafter import DrafterPlugin
 from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  (re-exported)
 
+# Rounds on a CUDA stream of their own (True) or on the caller's current stream (False). A
+# round is launched after a step's host sync, when the target's stream is idle, and the next
+# target pass needs its drafts, so its own stream can overlap nothing but itself; it costs
+# cross-stream events and record_stream calls. Benches flip it (--drafter-stream).
+OWN_STREAM = True
+
 
 @dataclass
 class DeferredDrafts:
@@ -85,9 +91,9 @@ class PluginDrafterProposer:
         self.drafter, self.depth = drafter, depth
         self.runner = DrafterRunner(drafter, depth, max_streams, use_graphs, **runner_options)
         self.streams: dict[str, _Stream] = {}
-        # CUDA: the rounds' own stream (`launch` overlaps them with the target's next pass)
-        self.stream = torch.cuda.Stream(drafter.device) if drafter.device.type == "cuda" \
-            else None
+        # CUDA and OWN_STREAM: the rounds' own stream (else the caller's current stream)
+        self.stream = torch.cuda.Stream(drafter.device) \
+            if drafter.device.type == "cuda" and OWN_STREAM else None
         self._inflight: tuple[list[str], torch.Tensor] | None = None
         self.free = list(range(max_streams - 1, -1, -1))
         self.evicted: set[str] = set()
