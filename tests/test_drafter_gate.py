@@ -7,7 +7,7 @@ from runtime_engines import small_drafter, small_target, write_engine
 from test_runtime import PROMPTS
 
 from kolibri_trt import LLM, SamplingParams
-from kolibri_trt.spec.drafter_gate import PLAIN_EVERY, PROBE_EVERY, DrafterGate
+from kolibri_trt.spec.drafter_gate import PLAIN_EVERY, PLAIN_FIRST, PROBE_EVERY, DrafterGate
 
 
 def test_always_drafts_and_adaptive_drafts_until_measured():
@@ -35,19 +35,36 @@ def test_adaptive_skips_while_drafts_do_not_pay_and_probes_again():
     decisions = [gate.decide(["bad", "good"]) for _ in range(2 * (PROBE_EVERY + 1))]
     assert decisions == ([{"good"}] * PROBE_EVERY + [{"bad", "good"}]) * 2   # probes
     gate.drop("bad")
-    assert gate.decide(["bad"]) == {"bad"}    # a new stream under the old id starts afresh
+    # a new stream under the old id starts afresh, at the average of all rounds so far (0 and
+    # 4 alternating: about 2.3 >= 2)
+    assert gate.start == pytest.approx(gate.accepted_all) and 2.0 < gate.start < 2.7
+    assert gate.decide(["bad"]) == {"bad"}
+
+
+def test_a_new_stream_starts_at_the_average_of_all_rounds():
+    """Once rounds were seen, a new stream starts at their average, not at the optimistic
+    block size: where every stream accepts little, new streams skip the drafter at once."""
+    gate = DrafterGate("adaptive", 4)
+    assert gate.start == 4.0
+    gate.record_step(0.003, drafted=True)
+    gate.record_step(0.001, drafted=False)    # threshold 2
+    for _ in range(20):
+        gate.record_outcome("old", 0.5)
+    assert gate.start < 1.0 and gate.decide(["new"]) == set()
 
 
 def test_adaptive_measures_plain_steps_when_every_step_drafts():
-    """Speculative mode "drafter": every step would draft, so one step in PLAIN_EVERY drafts
-    nothing and `plain_s` gets measured; an empty call does not use the probe up."""
+    """Speculative mode "drafter": every step would draft, so one step in PLAIN_FIRST (then
+    in PLAIN_EVERY) drafts nothing and `plain_s` gets measured; an empty call does not use
+    the probe up."""
     gate = DrafterGate("adaptive", 4)
-    for _ in range(PLAIN_EVERY):
-        assert gate.decide(["a"]) == {"a"}
-        gate.record_step(0.002, drafted=True)
-    assert gate.decide([]) == set() and gate.decide(["a"]) == set()     # the plain probe
-    gate.record_step(0.001, drafted=False)
-    assert gate.threshold == pytest.approx(1.0) and gate.decide(["a"]) == {"a"}
+    for run in (PLAIN_FIRST, PLAIN_EVERY):
+        for _ in range(run):
+            assert gate.decide(["a"]) == {"a"}
+            gate.record_step(0.002, drafted=True)
+        assert gate.decide([]) == set() and gate.decide(["a"]) == set()     # the plain probe
+        gate.record_step(0.001, drafted=False)
+        assert gate.threshold == pytest.approx(1.0) and gate.decide(["a"]) == {"a"}
 
 
 def test_copy_only_steps_are_not_timed():

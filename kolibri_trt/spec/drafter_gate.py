@@ -16,11 +16,13 @@ about 0.8 ms per round in all: README, speculative decoding).
 
 Policy "always" drafts on every miss (the seed's copy-first-then-drafter rule). Policy
 "adaptive" keeps, per stream, an exponential moving average of the drafts accepted in its
-drafter rounds (starting at the optimistic `block` tokens) and, globally, moving averages of
+drafter rounds (a new stream starts at the average over all streams' rounds, or at the
+optimistic `block` tokens before any round) and, globally, moving averages of
 `plain_s` and `drafted_s` measured by the engine; a stream skips the drafter while its average
 is below the ratio, and is probed again after PROBE_EVERY skipped misses (which also keeps
 `drafted_s` current), so a stream whose text turns predictable gets drafts back; one step in
-PLAIN_EVERY drafts nothing when every step would (so `plain_s` stays measured). Either way the
+PLAIN_EVERY (PLAIN_FIRST while `plain_s` was never measured) drafts nothing when every step
+would (so `plain_s` gets measured). Either way the
 output is unchanged: verification commits exactly the target's tokens; only how many passes
 they take changes.
 """
@@ -31,6 +33,7 @@ GATES = ("always", "adaptive")
 EMA = 0.25          # weight of the newest observation in every moving average
 PROBE_EVERY = 8     # skipped misses after which a stream drafts once more
 PLAIN_EVERY = 32    # drafted steps in a row after which one step drafts nothing (plain_s)
+PLAIN_FIRST = 8     # the same while plain_s has never been measured
 
 
 class DrafterGate:
@@ -44,6 +47,7 @@ class DrafterGate:
             raise ValueError(f"block: must be >= 1, got {block}")
         self.policy, self.block = policy, float(block)
         self.accepted: dict[str, float] = {}   # stream -> EMA of accepted drafts per round
+        self.accepted_all: float | None = None  # EMA of accepted drafts per round, all streams
         self.skipped: dict[str, int] = {}      # stream -> misses skipped since its last round
         self.plain_s: float | None = None      # EMA of a step's wall seconds, no drafter
         self.drafted_s: float | None = None    # EMA of a step's wall seconds with a round
@@ -65,13 +69,13 @@ class DrafterGate:
         step would draft, as in speculative mode "drafter")."""
         if self.policy == "always" or not request_ids:
             return set(request_ids)
-        if self.drafted_run >= PLAIN_EVERY:
+        if self.drafted_run >= (PLAIN_EVERY if self.plain_s is not None else PLAIN_FIRST):
             self.drafted_run = 0
             return set()
         t, out = self.threshold, set()
         for rid in request_ids:
             if (t is None or self.skipped.get(rid, 0) >= PROBE_EVERY
-                    or self.accepted.get(rid, self.block) >= t):
+                    or self.accepted.get(rid, self.start) >= t):
                 out.add(rid)
                 self.skipped[rid] = 0
             else:
@@ -92,7 +96,14 @@ class DrafterGate:
 
     def record_outcome(self, request_id: str, accepted: int) -> None:
         """Drafts accepted in the stream's latest drafter round."""
-        self.accepted[request_id] = _ema(self.accepted.get(request_id, self.block), accepted)
+        self.accepted[request_id] = _ema(self.accepted.get(request_id, self.start), accepted)
+        self.accepted_all = _ema(self.accepted_all, accepted)
+
+    @property
+    def start(self) -> float:
+        """A new stream's estimate of accepted drafts per round: all streams' average so far,
+        else `block`."""
+        return self.block if self.accepted_all is None else self.accepted_all
 
     def drop(self, request_id: str) -> None:
         self.accepted.pop(request_id, None)
