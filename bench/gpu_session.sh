@@ -66,6 +66,12 @@
 #       (greedy, 2 prompts per category, 128 tokens, medians of 2) with drafter rounds on their
 #       own stream and on the current one (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=n bash bench/gpu_session.sh   the session's defaults checked and measured (~10 min):
+#       gpu_runtime's lossless modes at 1 and 8 streams on the trained default (drafter rounds
+#       on the current stream, drafts on the device, numpy step fill), launch_costs, the final
+#       acceptance eval (3 prompts per category + 3 HumanEval, 192 tokens, greedy and T = 0.8,
+#       medians of 3 with the modes taking turns), the adaptive gate (greedy, short).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -215,6 +221,17 @@ case "${PART:-}" in
       --temperatures 0
     evalmini acceptance_current 80 --per-category 2 --humaneval 0 --max-tokens 128 \
       --repeats 2 --temperatures 0 --drafter-stream current
+    ;;
+  n)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step runtime 180 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    step launch_costs 60 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
+    evalmini acceptance 270 --per-category 3 --humaneval 3 --max-tokens 192 --repeats 3 \
+      --json "$OUT/eval_h200.json"
+    evalmini acceptance_adaptive 80 --per-category 2 --humaneval 0 --max-tokens 128 \
+      --repeats 2 --temperatures 0 --drafter-gate adaptive
     ;;
   b)
     unpack carry-b

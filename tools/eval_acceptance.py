@@ -70,40 +70,53 @@ def prompt_ids(llm, prompt, template: str) -> list[int]:
     return llm.tokenizer.encode(prompt.text, add_bos=True)
 
 
-def run_mode(args, mode: str, prompts, temps) -> dict:
-    """Generate every prompt (one stream) per temperature; timings and metrics per category."""
-    llm = LLM(args.engine, speculative=mode, max_num_seqs=1, max_model_len=args.max_model_len,
-              device=args.device, drafter_depth=args.drafter_depth,
-              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
-              drafts_on_device=ON_DEVICE[args.drafts_on_device])
-    out = {}
+def run_modes(args, modes, prompts, temps) -> dict:
+    """Generate every prompt (one stream) per temperature and mode; timings and metrics per
+    mode, temperature and category. The modes take turns (one engine each, all loaded first):
+    each repeat of a category runs every mode once, so slow phases of the machine hit every
+    mode alike."""
+    llms = {m: LLM(args.engine, speculative=m, max_num_seqs=1,
+                   max_model_len=args.max_model_len, device=args.device,
+                   drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
+                   drafter_gate=args.drafter_gate,
+                   drafts_on_device=ON_DEVICE[args.drafts_on_device]) for m in modes}
+    first = next(iter(llms.values()))
+    out: dict = {m: {} for m in modes}
     for temp in temps:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=temp,
                                 seed=SAMPLED_SEED, ignore_eos=True)
         warm = prompts[:1] if args.device == "cpu" else prompts   # GPU: compile every shape
-        llm.generate([prompt_ids(llm, p, args.template) for p in warm],
-                     SamplingParams(max_tokens=2))
-        rows = {}
+        for llm in llms.values():
+            llm.generate([prompt_ids(llm, p, args.template) for p in warm],
+                         SamplingParams(max_tokens=2))
+        for m in modes:
+            out[m][temp] = {}
         for cat in dict.fromkeys(p.category for p in prompts):
-            ids = [prompt_ids(llm, p, args.template) for p in prompts if p.category == cat]
-            rows[cat] = timed_category(llm, ids, params, args.repeats)
-        out[temp] = rows
+            ids = [prompt_ids(first, p, args.template) for p in prompts if p.category == cat]
+            runs: dict = {m: [] for m in modes}
+            for _ in range(args.repeats):
+                for m in modes:
+                    runs[m].append(timed_run(llms[m], ids, params))
+            for m in modes:
+                out[m][temp][cat] = summarize_runs(runs[m], ids)
     return out
 
 
-def timed_category(llm, ids: list[list[int]], params, repeats: int) -> dict:
-    """Generate one category's prompts `repeats` times (one stream at a time); the speeds are
-    the medians over the repeats (seconds from `RequestMetrics`), the tokens and metrics those
-    of the first run (every run gives the same tokens: greedy, or keyed sampling)."""
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        res = llm.generate(ids, params)
-        dt = time.perf_counter() - t0
-        dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
-        dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
-        runs.append((res, sum(len(r.token_ids) for r in res) / dt,
-                     dec_n / dec_t if dec_t > 0 else None))
+def timed_run(llm, ids: list[list[int]], params) -> tuple:
+    """Generate a category's prompts once (one stream at a time): (outputs, tokens/s over the
+    wall time, decode tokens/s from `RequestMetrics` or None)."""
+    t0 = time.perf_counter()
+    res = llm.generate(ids, params)
+    dt = time.perf_counter() - t0
+    dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
+    dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
+    return res, sum(len(r.token_ids) for r in res) / dt, dec_n / dec_t if dec_t > 0 else None
+
+
+def summarize_runs(runs: list[tuple], ids: list[list[int]]) -> dict:
+    """`timed_run`s of one mode and category: the speeds are the medians over the runs, the
+    tokens and metrics those of the first run (every run gives the same tokens: greedy, or
+    keyed sampling)."""
     res = runs[0][0]
     m = SpecMetrics()
     for r in res:
@@ -212,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafts-on-device", default="auto", choices=list(ON_DEVICE),
                     help="leave the drafter's drafts on the device until verification "
                          "(EngineArgs.drafts_on_device; auto: on with overlapped rounds)")
-    ap.add_argument("--drafter-stream", choices=("own", "current"), default="own",
+    ap.add_argument("--drafter-stream", choices=("own", "current"), default="current",
                     help="drafter rounds on a CUDA stream of their own or on the current one "
                          "(spec/plugin_drafter_proposer.py, OWN_STREAM)")
     ap.add_argument("--sampler", choices=("fused", "torch"), default="fused",
@@ -231,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling.FUSED_SAMPLER = args.sampler == "fused"
     plugin_drafter_proposer.OWN_STREAM = args.drafter_stream == "own"
     prompts = load_eval_prompts(args)
-    results = {m: run_mode(args, m, prompts, args.temperatures) for m in MODES}
+    results = run_modes(args, MODES, prompts, args.temperatures)
     for m in MODES:
         for temp, cats in results[m].items():
             for cat, r in cats.items():

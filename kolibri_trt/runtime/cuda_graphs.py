@@ -29,6 +29,7 @@ tp_cuda_graphs=True to try graphs (experimental; captures then use capture_error
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..model.metadata import StepMetadata
@@ -73,6 +74,7 @@ class PluginRunner:
             self._host_bytes, self._host, self._copied = self._dev_bytes, self.static, None
         for name in ("full_slots", "sliding_slots"):
             self._host[name].fill_(-1)
+        self._np = {name: v.numpy() for name, v in self._host.items()}  # the mirror, as numpy
         self._upload()
         self.graphs: dict[tuple[int, int, tuple[int, ...]], tuple] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
@@ -189,8 +191,8 @@ class PluginRunner:
         lens = self._fill_host(meta, s_b, t_b)
         k = len(draft_ids[0]) if draft_ids else 0
         if k:
-            self._host["draft_dst"][:k].copy_(torch.tensor(draft_ids[0], dtype=torch.long))
-            self._host["draft_src"][:k].copy_(torch.tensor(draft_ids[1], dtype=torch.long))
+            self._np["draft_dst"][:k] = draft_ids[0]
+            self._np["draft_src"][:k] = draft_ids[1]
         self._upload()
         st, s, n = self.static, meta.num_seqs, len(lens)
         if k:
@@ -207,26 +209,28 @@ class PluginRunner:
 
     def _fill_host(self, meta: StepMetadata, s_b: int, t_b: int) -> list[int]:
         """Write the padded step into the host mirror (`_fill`'s layout; module docstring);
-        returns the n stream slots' token counts (real, padding, then empty)."""
-        st, t, s, q = self._host, meta.num_tokens, meta.num_seqs, self.max_q_len
+        returns the n stream slots' token counts (real, padding, then empty). Numpy on views
+        of the mirror: a few µs per op where torch's small CPU ops cost several (H200 host:
+        63 µs per step with torch ops, bench/results/h200-2026-11-30d/m_launch_costs.log)."""
+        st, t, s, q = self._np, meta.num_tokens, meta.num_seqs, self.max_q_len
         n = s_b + -(-t_b // q)
         for name in _FIELDS:
-            st[name][:t].copy_(getattr(meta, name))
-        st["input_ids"][t:t_b].zero_()
-        st["full_slots"][t:t_b].fill_(-1)
-        st["sliding_slots"][t:t_b].fill_(-1)
+            st[name][:t] = _numpy(getattr(meta, name))
+        st["input_ids"][t:t_b] = 0
+        st["full_slots"][t:t_b] = -1
+        st["sliding_slots"][t:t_b] = -1
         pad_lens = [min(q, t_b - t - q * j) for j in range(-(-(t_b - t) // q))]
-        st["positions"][t:t_b].copy_(torch.cat([torch.arange(m) for m in pad_lens])
-                                     if pad_lens else torch.zeros(0, dtype=torch.long))
+        if pad_lens:
+            st["positions"][t:t_b] = np.concatenate([np.arange(m) for m in pad_lens])
         lens = list(meta.q_lens) + pad_lens + [0] * (n - s - len(pad_lens))
-        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        st["cu_q_lens"][:n + 1].copy_(cu)
-        st["seq_lens"][:s].copy_(meta.seq_lens)
-        st["seq_lens"][s:n].copy_(torch.tensor(lens[s:], dtype=torch.int32))
+        st["cu_q_lens"][0] = 0
+        st["cu_q_lens"][1:n + 1] = np.cumsum(lens)
+        st["seq_lens"][:s] = _numpy(meta.seq_lens)
+        st["seq_lens"][s:n] = lens[s:]
         for name in ("full_block_tables", "sliding_block_tables"):
-            src = getattr(meta, name)
-            st[name][:n].zero_()
-            st[name][:s, :src.shape[1]].copy_(src)
+            src = _numpy(getattr(meta, name))
+            st[name][:n] = 0
+            st[name][:s, :src.shape[1]] = src
         return lens
 
 
@@ -245,6 +249,11 @@ def _byte_views(shapes: dict, device, pin: bool = False
         nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
         views[name] = buf[offsets[name]:offsets[name] + nbytes].view(dtype).view(shape)
     return buf, views
+
+
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's numpy view (a device tensor is copied to the host first)."""
+    return x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
 
 
 def _pow2(n: int) -> int:

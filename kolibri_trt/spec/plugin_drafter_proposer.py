@@ -31,11 +31,13 @@ from ..drafter import DrafterTarget
 from ..drafter.plugin_drafter import DrafterPlugin
 from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  (re-exported)
 
-# Rounds on a CUDA stream of their own (True) or on the caller's current stream (False). A
-# round is launched after a step's host sync, when the target's stream is idle, and the next
-# target pass needs its drafts, so its own stream can overlap nothing but itself; it costs
-# cross-stream events and record_stream calls. Benches flip it (--drafter-stream).
-OWN_STREAM = True
+# Rounds on a CUDA stream of their own (True) or on the caller's current stream (False, the
+# default). A round is launched after a step's host sync, when the target's stream is idle,
+# and the next target pass needs its drafts, so its own stream overlaps nothing; it cost host
+# time: each of the round's two graph replays 27-33 µs on its own stream against 5 µs on the
+# current one, the target's next replay 12 against 6 µs (H200, bench/launch_costs.py:
+# bench/results/h200-2026-11-30d/m_launch_costs.log). Benches flip it (--drafter-stream).
+OWN_STREAM = False
 
 
 @dataclass
@@ -203,9 +205,9 @@ class PluginDrafterProposer:
     @torch.no_grad()
     def launch(self, items: list[tuple[str, list[int]]]) -> None:
         """Start the round of `items` (`propose_batch`'s) without waiting for it: on CUDA it
-        runs on the proposer's own stream (after what the current stream has enqueued, e.g.
-        the target pass whose taps it reads), so it overlaps the host's and the target's next
-        work; `collect` returns its drafts. A round launched and never collected is simply
+        runs on the current stream, or with OWN_STREAM on the proposer's own (after what the
+        current stream has enqueued, e.g. the target pass whose taps it reads), so it overlaps
+        the host's next work; `collect` returns its drafts. A round launched and never collected is simply
         superseded: its commit rows stay (the stream's state advanced), its drafts go unread."""
         batch = self._collect(items)
         if batch is None:

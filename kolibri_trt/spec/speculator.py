@@ -23,7 +23,7 @@ class Speculator:
     `overlap`: the engine calls `prefetch` after each step, which starts the next step's
     drafter round at once for the streams that will need it (their copy lookup, a pure
     function of the committed tokens, misses now as it will then; the gate agrees), on a
-    proposer with `launch` / `collect` (`PluginDrafterProposer`: on CUDA its own stream), so
+    proposer with `launch` / `collect` (`PluginDrafterProposer`: asynchronous on CUDA), so
     the round runs while the host prepares the next step; `propose_all` waits for it, unless
     `defer`: then the drafter's drafts stay on the device (`DeferredDrafts`, `take_deferred`):
     `propose_all` returns placeholders (zeros) for them, the target pass reads the real ones
