@@ -72,6 +72,10 @@
 #       acceptance eval (3 prompts per category + 3 HumanEval, 192 tokens, greedy and T = 0.8,
 #       medians of 3 with the modes taking turns), the adaptive gate (greedy, short).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=o bash bench/gpu_session.sh   the adaptive drafter gate on the final eval's prompts (3
+#       per category + 3 HumanEval, 192 tokens, greedy and T = 0.8, medians of 3, modes taking
+#       turns), then profile_generate's split with this session's defaults (~5 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -232,6 +236,14 @@ case "${PART:-}" in
       --json "$OUT/eval_h200.json"
     evalmini acceptance_adaptive 80 --per-category 2 --humaneval 0 --max-tokens 128 \
       --repeats 2 --temperatures 0 --drafter-gate adaptive
+    ;;
+  o)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    evalmini acceptance_adaptive 260 --per-category 3 --humaneval 3 --max-tokens 192 \
+      --repeats 3 --drafter-gate adaptive --json "$OUT/eval_adaptive.json"
+    step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT"
     ;;
   b)
     unpack carry-b

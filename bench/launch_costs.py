@@ -113,9 +113,10 @@ def fill_cases(llm, ids: list[int], iters: int, sync) -> dict:
     for t in (1, 5, 9):
         if t in seen:
             meta, s_b, t_b, *a = seen[t]     # a: the drafts on the device, if deferred
+            args = (meta, s_b, t_b)
             out[f"fill T={t}{' + drafts' if a and a[0] else ''}"] = time_calls(
-                {"_fill": lambda: fill(meta, s_b, t_b, *a),
-                 "_fill_host": lambda: runner._fill_host(meta, s_b, t_b)}, iters, sync)
+                {"_fill": lambda args=args, a=a: fill(*args, *a),
+                 "_fill_host": lambda args=args: runner._fill_host(*args)}, iters, sync)
     if 9 in seen:     # the whole runner.forward of a copy step, with and without taps
         meta = seen[9][0]
         taps = tuple(llm.engine.tap_layers)

@@ -378,7 +378,11 @@ def _generate_recording(llm, params) -> tuple[list, list, list]:
     forward, take = model.forward, spec.take_deferred
     model.forward = lambda meta, *a, **kw: ids.append(meta.input_ids.clone()) or forward(
         meta, *a, **kw)
-    spec.take_deferred = lambda: (lambda d: deferred.append(d) or d)(take())
+    def take_and_record():
+        d = take()
+        deferred.append(d)
+        return d
+    spec.take_deferred = take_and_record
     outs = [o.token_ids for o in llm.generate(PROMPTS, params)]
     return outs, ids, deferred
 
