@@ -76,6 +76,9 @@
 #       per category + 3 HumanEval, 192 tokens, greedy and T = 0.8, medians of 3, modes taking
 #       turns), then profile_generate's split with this session's defaults (~5 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=p bash bench/gpu_session.sh   launch_costs again, with the round's index upload and
+#       taps copy before its replays, as in the engine (~1 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -244,6 +247,10 @@ case "${PART:-}" in
       --repeats 3 --drafter-gate adaptive --json "$OUT/eval_adaptive.json"
     step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT"
+    ;;
+  p)
+    unpack carry-b
+    step launch_costs 120 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
     ;;
   b)
     unpack carry-b

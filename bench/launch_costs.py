@@ -13,6 +13,7 @@ synchronised before each iteration, as after a step's verification:
   current one;
 - round then target: both, back to back, with no sync between (the deferred drafts' order),
   the round on its own stream (the target's stream waiting for it) or on the current one;
+  and after the round's index upload (pinned host -> device) and taps copy, as in the engine;
 - fill: the target runner's `_fill` (host mirror, one upload) and `_fill_host` alone, on the
   step metadata of a real generate (decode steps of 1, 5 and 9 tokens when they occur).
 Writes DIR/launch_costs.json.
@@ -86,6 +87,19 @@ def graph_cases(llm, iters: int, sync) -> dict:
         out[f"target T_b={t}"] = time_calls({"replay": target[t].replay}, iters, sync)
     out["target alternating 8, 16"] = time_calls(
         {"replay 8": target[8].replay, "replay 16": target[16].replay}, iters, sync)
+    def upload():       # the round's index upload (pinned host -> device), as DrafterRunner does
+        d.idx.copy_(d.stage, non_blocking=True)
+        d.uploaded.record()
+
+    def taps_copy():    # the round's taps rows, as DrafterRunner does for one piece
+        d.taps[:4].copy_(d.taps[4:8])
+
+    out["upload, taps, round (current stream)"] = time_calls(
+        {"upload": upload, "taps": taps_copy, "commit": commit.replay, "round": rnd.replay},
+        iters, sync)
+    out["upload, round, target T_b=8 (current stream)"] = time_calls(
+        {"upload": upload, "commit": commit.replay, "round": rnd.replay,
+         "target": target[8].replay}, iters, sync)
     for name, stream in (("own stream", own), ("current stream", cur)):
         out[f"round, {name}"] = time_calls(
             {"commit": on(stream, commit), "round": on(stream, rnd)}, iters, sync)
