@@ -59,7 +59,9 @@ PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
          ("schedule", "scheduler", "schedule"), ("metadata", "engine_module", "build_metadata"),
          ("fill", "runner", "_fill"), ("replay", "graph", "replay"),
          ("forward_deferred", "engine", "_forward_deferred"),
-         ("d_inputs", "drafter", "_collect"), ("d_step", "drafter_runner", "step"))
+         ("d_inputs", "drafter", "_collect"), ("d_step", "drafter_runner", "step"),
+         # the drafter's graph replays alone (replay counts the target's too)
+         ("d_replay", "drafter_runner", "_replay"))
 
 
 def timed_split(llm, ids, params) -> dict:
