@@ -79,6 +79,11 @@
 #   PART=p bash bench/gpu_session.sh   launch_costs again, with the round's index upload and
 #       taps copy before its replays, as in the engine (~1 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=q bash bench/gpu_session.sh   (next) are the engine's slow graph replays first launches?
+#       profile_generate's split (d_replay: the drafter's replays apart) without and with
+#       --replay-after-capture, then the acceptance eval (greedy, 2 prompts per category, 128
+#       tokens, medians of 2) both ways (~5 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -251,6 +256,19 @@ case "${PART:-}" in
   p)
     unpack carry-b
     step launch_costs 120 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
+    ;;
+  q)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT/plain"
+    step profile_replayed 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --replay-after-capture \
+      --out "$OUT/replayed"
+    evalmini acceptance 120 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0
+    evalmini acceptance_replayed 80 --per-category 2 --humaneval 0 --max-tokens 128 \
+      --repeats 2 --temperatures 0 --replay-after-capture
     ;;
   b)
     unpack carry-b
