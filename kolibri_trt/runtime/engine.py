@@ -27,7 +27,7 @@ from .batch import build_metadata
 from .cuda_graphs import PluginRunner
 from .engine_args import ACCEPTANCE_METHODS, MODEL_IMPLS, EngineArgs  # noqa: F401 (re-exported)
 from .engine_loader import Manifest, load_drafter, load_target
-from .kv_cache import CacheGeometry, KVCache, bytes_per_token, ring_blocks_needed
+from .kv_cache import KVCache, plan_cache  # noqa: F401 (plan_cache re-exported)
 from .model_runner import ModelRunner
 from .output import OutputProcessor, RequestOutput
 from .plugin_loader import load_plugin_target
@@ -56,28 +56,6 @@ def _check_device(device: str | torch.device) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device: must be 'cpu' or 'cuda[:N]', got {device!r}")
     return dev
-
-
-def plan_cache(cfg, plan, args: EngineArgs, max_step_tokens: int) -> CacheGeometry:
-    """Split `kv_cache_memory` between the sliding rings (one per stream) and full blocks.
-
-    Raises:
-        ValueError: naming kv_cache_memory when it cannot hold one stream of max_model_len.
-    """
-    bs = args.block_size
-    ring = ring_blocks_needed(cfg.sliding_window, max_step_tokens, bs)
-    n_sliding = sum(cfg.is_sliding(i) for i in range(cfg.num_hidden_layers))
-    n_full = cfg.num_hidden_layers - n_sliding
-    sliding_block = bs * bytes_per_token(cfg, plan.sliding) * n_sliding
-    full_block = max(1, bs * bytes_per_token(cfg, plan.full) * n_full)
-    sliding_bytes = ring * args.max_num_seqs * sliding_block
-    num_full = (args.kv_cache_memory - sliding_bytes) // full_block if n_full else 1 << 20
-    need = -(-args.max_model_len // bs)
-    if num_full < need:
-        raise ValueError(f"kv_cache_memory: {args.kv_cache_memory} bytes hold {max(num_full, 0)} "
-                         f"full-layer blocks after {sliding_bytes} bytes of sliding rings; one "
-                         f"stream of max_model_len={args.max_model_len} needs {need}")
-    return CacheGeometry(bs, int(num_full), ring * args.max_num_seqs, ring)
 
 
 class LLMEngine:

@@ -11,6 +11,7 @@ reusing their slots is safe. Full layers keep every position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write
 from kolibri_trt_plugins.qk_norm_fold_int4 import dequantize_int4_ref, quantize_int4_ref
 
 from ..config import KolibriConfig
+
+if TYPE_CHECKING:
+    from .engine_args import EngineArgs
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -119,3 +123,25 @@ class KVCache:
                 x = t[name].view(-1, *t[name].shape[2:])[slots].float()
                 out.append(x * t[f"{name}_scale"] if fmt == "fp8" else x)
         return out[0], out[1]
+
+
+def plan_cache(cfg, plan, args: EngineArgs, max_step_tokens: int) -> CacheGeometry:
+    """Split `kv_cache_memory` between the sliding rings (one per stream) and full blocks.
+
+    Raises:
+        ValueError: naming kv_cache_memory when it cannot hold one stream of max_model_len.
+    """
+    bs = args.block_size
+    ring = ring_blocks_needed(cfg.sliding_window, max_step_tokens, bs)
+    n_sliding = sum(cfg.is_sliding(i) for i in range(cfg.num_hidden_layers))
+    n_full = cfg.num_hidden_layers - n_sliding
+    sliding_block = bs * bytes_per_token(cfg, plan.sliding) * n_sliding
+    full_block = max(1, bs * bytes_per_token(cfg, plan.full) * n_full)
+    sliding_bytes = ring * args.max_num_seqs * sliding_block
+    num_full = (args.kv_cache_memory - sliding_bytes) // full_block if n_full else 1 << 20
+    need = -(-args.max_model_len // bs)
+    if num_full < need:
+        raise ValueError(f"kv_cache_memory: {args.kv_cache_memory} bytes hold {max(num_full, 0)} "
+                         f"full-layer blocks after {sliding_bytes} bytes of sliding rings; one "
+                         f"stream of max_model_len={args.max_model_len} needs {need}")
+    return CacheGeometry(bs, int(num_full), ring * args.max_num_seqs, ring)
