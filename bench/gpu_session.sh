@@ -193,7 +193,8 @@ case "${PART:-}" in
   j)
     unpack carry-b
     P=engines/prompts/spec_bench_question.jsonl
-    step kernels 200 python3 bench/gpu_check.py --only fp8gemv,fp8fused,vocabargmax,gumbel,nvfp4,norm
+    step kernels 200 python3 bench/gpu_check.py \
+      --only fp8gemv,fp8fused,vocabargmax,gumbel,nvfp4,norm
     step profile 150 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT/profile"
     evalmini acceptance_adaptive 170 --per-category 2 --humaneval 0 \

@@ -34,13 +34,12 @@ import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
 from kolibri_trt.runtime import cuda_graphs  # noqa: E402
+from kolibri_trt.runtime.engine_args import DRAFTS_ON_DEVICE  # noqa: E402
 from kolibri_trt.spec import drafter_runner  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench_question.jsonl"
 TOP = 20  # rows per table
-
-ON_DEVICE = {"auto": None, "on": True, "off": False}   # --drafts-on-device
 
 
 def _dev_us(e) -> float:
@@ -153,7 +152,7 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     the figures of the module docstring."""
     llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device,
               drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
-              drafts_on_device=ON_DEVICE[args.drafts_on_device])
+              drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"])
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
-    ap.add_argument("--drafts-on-device", default="auto", choices=list(ON_DEVICE))
+    ap.add_argument("--drafts-on-device", default="auto", choices=list(DRAFTS_ON_DEVICE))
     ap.add_argument("--replay-after-capture", action="store_true",
                     help="capture_all replays each graph once (cuda_graphs / drafter_runner "
                          "REPLAY_AFTER_CAPTURE)")

@@ -45,6 +45,7 @@ import fast_drafter  # noqa: E402
 from kolibri_trt import LLM, SamplingParams, sampling  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
 from kolibri_trt.runtime import cuda_graphs  # noqa: E402
+from kolibri_trt.runtime.engine_args import DRAFTS_ON_DEVICE  # noqa: E402
 from kolibri_trt.spec import drafter_runner, plugin_drafter_proposer  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
@@ -53,8 +54,6 @@ CATEGORIES = ("translation", "mt_bench", "rag", "summarization")
 MODES = ("off", "copy", "drafter", "copy+drafter")
 ROUNDS = (3, 4)
 SAMPLED_SEED = 1
-
-ON_DEVICE = {"auto": None, "on": True, "off": False}   # --drafts-on-device
 
 
 def load_eval_prompts(args) -> list:
@@ -80,7 +79,8 @@ def run_modes(args, modes, prompts, temps) -> dict:
                    max_model_len=args.max_model_len, device=args.device,
                    drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
                    drafter_gate=args.drafter_gate,
-                   drafts_on_device=ON_DEVICE[args.drafts_on_device]) for m in modes}
+                   drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
+            for m in modes}
     first = next(iter(llms.values()))
     out: dict = {m: {} for m in modes}
     for temp in temps:
@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the drafter's ring attention on the kernel path (EngineArgs)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"],
                     help="when a copy miss gets a drafter round (EngineArgs.drafter_gate)")
-    ap.add_argument("--drafts-on-device", default="auto", choices=list(ON_DEVICE),
+    ap.add_argument("--drafts-on-device", default="auto",
+                    choices=list(DRAFTS_ON_DEVICE),
                     help="leave the drafter's drafts on the device until verification "
                          "(EngineArgs.drafts_on_device; auto: on with overlapped rounds)")
     ap.add_argument("--drafter-stream", choices=("own", "current"), default="current",

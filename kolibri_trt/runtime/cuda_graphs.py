@@ -68,7 +68,8 @@ class PluginRunner:
                   "cu_q_lens": ((n + 1,), torch.int32), "seq_lens": ((n,), torch.int32),
                   "full_block_tables": ((n, self.width), torch.int32),
                   "sliding_block_tables": ((n, self.width), torch.int32),
-                  "draft_dst": ((self.max_t,), torch.long), "draft_src": ((self.max_t,), torch.long)}
+                  "draft_dst": ((self.max_t,), torch.long),
+                  "draft_src": ((self.max_t,), torch.long)}
         # the graphs' inputs: views of one device byte buffer, written by one copy per step
         # from a pinned host mirror (CUDA) or in place (CPU)
         self._dev_bytes, self.static = _byte_views(shapes, model.device)
@@ -139,8 +140,8 @@ class PluginRunner:
             if draft_ids and draft_ids[0]:
                 dst, src, values = draft_ids
                 dev = self.model.device
-                meta.input_ids.index_copy_(0, torch.tensor(dst, device=dev),
-                                           values.index_select(0, torch.tensor(src, device=dev)))
+                _put_drafts(meta.input_ids, torch.tensor(dst, device=dev),
+                            torch.tensor(src, device=dev), values)
             return self.model.forward(meta, self.caches, max(meta.seq_lens_host),
                                       max(meta.q_lens), tap_layers=tap_layers)
         padded = self._fill(meta, *b, draft_ids)
@@ -203,8 +204,7 @@ class PluginRunner:
         self._upload()
         st, s, n = self.static, meta.num_seqs, len(lens)
         if k:
-            st["input_ids"].index_copy_(0, st["draft_dst"][:k],
-                                        draft_ids[2].index_select(0, st["draft_src"][:k]))
+            _put_drafts(st["input_ids"], st["draft_dst"][:k], st["draft_src"][:k], draft_ids[2])
         return StepMetadata(
             input_ids=st["input_ids"][:t_b], positions=st["positions"][:t_b],
             cu_q_lens=st["cu_q_lens"][:n + 1], seq_lens=st["seq_lens"][:n],
@@ -256,6 +256,13 @@ def _byte_views(shapes: dict, device, pin: bool = False
         nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
         views[name] = buf[offsets[name]:offsets[name] + nbytes].view(dtype).view(shape)
     return buf, views
+
+
+def _put_drafts(input_ids: torch.Tensor, dst: torch.Tensor, src: torch.Tensor,
+                values: torch.Tensor) -> None:
+    """input_ids[dst[i]] = values[src[i]] on the device (`PluginRunner.forward`'s draft_ids;
+    dst, src: int64 index tensors there)."""
+    input_ids.index_copy_(0, dst, values.index_select(0, src))
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:

@@ -9,6 +9,8 @@ from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
 from ..spec.drafter_gate import GATES
 
 MODEL_IMPLS = ("auto", "reference", "plugins")
+# command-line spelling of drafts_on_device (tools/eval_acceptance.py, bench/profile_generate.py)
+DRAFTS_ON_DEVICE = {"auto": None, "on": True, "off": False}
 ACCEPTANCE_METHODS = ("position-keyed", "rejection_sampler")
 
 

@@ -4,9 +4,9 @@ A whole engine step (proposal, target pass, verification, commit) takes `plain_s
 wall time when no stream has drafts and `drafted_s` when the drafter ran: the round itself,
 what of it the overlap does not hide, and the longer verification. Steps with copy drafts only
 are not timed: a miss skipped by the gate becomes a step without drafts, so that is the step
-a round must beat (a copy step verifies up to num_speculative_tokens drafts, a costlier pass). With drafts a
-stream commits 1 + a tokens (a = accepted drafts) per step, without them 1. So drafting pays
-when the expected accepted tokens exceed the extra time in units of plain steps:
+a round must beat (a copy step verifies up to num_speculative_tokens drafts, a costlier pass).
+With drafts a stream commits 1 + a tokens (a = accepted drafts) per step, without them 1. So
+drafting pays when the expected accepted tokens exceed the extra time in units of plain steps:
 
     E[a] > (drafted_s - plain_s) / plain_s.
 

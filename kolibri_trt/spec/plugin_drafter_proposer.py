@@ -207,7 +207,8 @@ class PluginDrafterProposer:
         """Start the round of `items` (`propose_batch`'s) without waiting for it: on CUDA it
         runs on the current stream, or with OWN_STREAM on the proposer's own (after what the
         current stream has enqueued, e.g. the target pass whose taps it reads), so it overlaps
-        the host's next work; `collect` returns its drafts. A round launched and never collected is simply
+        the host's next work; `collect` returns its drafts. A round launched and never
+        collected is simply
         superseded: its commit rows stay (the stream's state advanced), its drafts go unread."""
         batch = self._collect(items)
         if batch is None:
