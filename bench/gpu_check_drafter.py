@@ -30,12 +30,14 @@ def ring_case(S, Bk, hq, hkv, D, length, g, R=512, cw=200):
 
 
 def check_ring_attention(g, small):
+    # L > SPLIT_ROWS (128) runs split programs and attn_combine: 300, 512, 1500 (12 splits)
     sizes = [(1, 4, 2, 2, 128, 37), (3, 4, 4, 2, 64, 300)] if small else [
-        (1, 4, 2, 2, 128, 37), (3, 4, 4, 2, 64, 300), (8, 4, 20, 4, 128, 512), (1, 4, 8, 1, 128, 1)]
+        (1, 4, 2, 2, 128, 37), (3, 4, 4, 2, 64, 300), (8, 4, 20, 4, 128, 512), (1, 4, 8, 1, 128, 1),
+        (2, 4, 2, 2, 128, 1500)]
     for S, Bk, hq, hkv, D, length in sizes:
         name = f"ring_attention S={S} B={Bk} Hq={hq} Hkv={hkv} D={D} L={length}"
-        args = ring_case(S, Bk, hq, hkv, D, max(length, Bk + 1), g)
         L = max(length, Bk + 1)
+        args = ring_case(S, Bk, hq, hkv, D, L, g, R=max(512, L))
         out = ring_attention(*args, L)
         e = T.rel_err(out, ring_attention_ref(*args, L))
         msg = f"rel={e:.2e} " + check_graph(name, lambda: ring_attention(*args, L), out)

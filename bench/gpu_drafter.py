@@ -109,12 +109,13 @@ def check_graphs(engine: Path, attn: str) -> None:
             rounds.append((d.clone(), lg.clone()))
             if graphs and i == 2:
                 runner = prop.runner
-                key = runner.last_key
+                key = runner.last_graph     # ("round", S_b, L, logits) or ("step", N_b, ...)
                 s = d.shape[0]
                 graph, (gd, gl) = runner.graphs[key]
                 graph.replay()
                 again = (gd[:s].clone(), gl[:s].clone())
-                ed, el = runner._round_step(*key[1:])        # (S_b, L, logits)
+                eager = runner._both_steps if key[0] == "step" else runner._round_step
+                ed, el = eager(*key[1:])
                 check(f"{attn}: round graph replayed twice == first replay, same bits",
                       torch.equal(again[0], d) and torch.equal(again[1], lg))
                 check(f"{attn}: round graph == the same padded round eager, same bits",

@@ -171,8 +171,9 @@ def _kernel_table(graphs: list, iters: int) -> list[dict]:
 
 
 def _device_and_readback(runner, keys: list[tuple], streams: int, iters: int, ev) -> dict:
-    """The round's graphs (keys: commit, round) replayed back to back: device ms per round;
-    reading its drafts back: `read_drafts` (pinned + event) vs `.tolist()` ms, GPU idle."""
+    """The round's graphs (keys: commit, round; or one merged "step") replayed back to back:
+    device ms per round; reading its drafts back: `read_drafts` (pinned + event) vs
+    `.tolist()` ms, GPU idle."""
     graphs = [runner.graphs[k][0] for k in keys]
     drafts = runner.graphs[keys[-1]][1][0][:streams]
     each = []
@@ -231,7 +232,8 @@ def mini_round_timing(iters: int, prefill: int = 300, warmup: int = 5,
         prop = PluginDrafterProposer(model, depth, 8, use_graphs=cuda)
         captured = prop.capture_all() if cuda else 0
         keys, real = [], prop.runner._replay
-        prop.runner._replay = lambda key, fn: (keys.append(key), real(key, fn))[1]
+        prop.runner._replay = lambda key, fn, parts=(): (keys.append(key),
+                                                          real(key, fn, parts))[1]
         tokens = {f"s{i}": list(range(100 + i, 101 + i + prefill)) for i in range(streams)}
         for rid in tokens:
             prop.observe(rid, 0, pool[:prefill])
@@ -242,12 +244,13 @@ def mini_round_timing(iters: int, prefill: int = 300, warmup: int = 5,
                               it % (nd + 1), ev) for it in range(iters)]
         undo()
         wall, span, obs = zip(*times)
+        last = keys[-1:] if keys[-1][0] == "step" else keys[-2:]   # the last round's graphs
         row = {"streams": streams, "depth": depth, "prefill": prefill, "attn": attn,
-               "graphs": captured, "keys": [list(k) for k in keys[-2:]], "wall_ms": _ms(wall),
+               "graphs": captured, "keys": [list(k) for k in last], "wall_ms": _ms(wall),
                "event_ms": _ms(span), "observe_ms": _ms(obs),
                "host_parts_ms": {k: round(v * 1e3 / iters, 4) for k, v in acc.items()}}
         if cuda:
-            row.update(_device_and_readback(prop.runner, keys[-2:], streams, iters, ev))
+            row.update(_device_and_readback(prop.runner, last, streams, iters, ev))
             row["host_ms"] = round(row["wall_ms"] - row["device_ms"], 4)
         RESULTS["mini_round"].append(row)
         kernels = row.pop("kernels", [])

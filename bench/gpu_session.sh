@@ -84,6 +84,21 @@
 #       --replay-after-capture, then the acceptance eval (greedy, 2 prompts per category, 128
 #       tokens, medians of 2) both ways (~5 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=r bash bench/gpu_session.sh   the drafter's ring attention split over the ring rows
+#       (gpu_check ringattn; the round's kernel table), the target's graphs putting the deferred
+#       drafts in themselves (gpu_runtime's lossless modes), launch_costs with the GPU busy and
+#       the host's caches cold, profile_generate after a warm run with the garbage collector as
+#       is and frozen, the short acceptance eval (~7 min). Every file comes back in one archive
+#       ($OUT/r_results.tar.gz).                                carry: engines/carry-b.tar.xz
+#   PART=s bash bench/gpu_session.sh   a steady drafter round as one graph (commit + round
+#       merged): the round's graphs (replay == eager bits) and kernels, gpu_runtime's lossless
+#       modes (T = 0 and 0.8, 1 and 8 streams), the short acceptance eval with the drafts on
+#       the device and read on the host, profile_generate's split (~8 min); one archive back
+#       ($OUT/s_results.tar.gz).                                carry: engines/carry-b.tar.xz
+#   PART=t bash bench/gpu_session.sh   the final acceptance eval of the session (4 prompts per
+#       category + 4 HumanEval, 192 tokens, greedy and T = 0.8, medians of 3, the modes taking
+#       turns prompt by prompt), then profile_generate's split (~7 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -271,6 +286,51 @@ case "${PART:-}" in
     evalmini acceptance_replayed 80 --per-category 2 --humaneval 0 --max-tokens 128 \
       --repeats 2 --temperatures 0 --replay-after-capture
     ;;
+  r)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step ringattn 150 python3 bench/gpu_check.py --only ringattn
+    step runtime 180 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    step drafter 60 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only round
+    step launch_costs 90 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
+    step profile 90 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
+      --out "$OUT/profile"
+    step profile_freeze 90 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
+      --gc freeze --out "$OUT/profile_freeze"
+    evalmini acceptance 120 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0 --json "$OUT/eval_h200.json"
+    tar -C "$OUT" -czf /tmp/r_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/r_results.tar.gz "$OUT/"
+    ;;
+  s)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only graphs round
+    step runtime 260 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    evalmini acceptance 100 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0 --json "$OUT/eval_h200.json"
+    evalmini acceptance_host 80 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+      --temperatures 0 --drafts-on-device off --json "$OUT/eval_host.json"
+    step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
+      --out "$OUT/profile"
+    tar -C "$OUT" -czf /tmp/s_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/s_results.tar.gz "$OUT/"
+    ;;
+  t)
+    unpack carry-b
+    evalmini acceptance 420 --per-category 4 --humaneval 4 --max-tokens 192 --repeats 3 \
+      --json "$OUT/eval_h200.json"
+    step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
+      --max-tokens 128 --warm-runs 1 --out "$OUT"
+    ;;
   b)
     unpack carry-b
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode,verify,profile \
@@ -283,7 +343,7 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --out "$OUT"
     ;;
   *)
-    echo "PART must be a, b, c, d, e, f, g, h or i (see the header)" >&2
+    echo "PART must be one of the parts the header lists" >&2
     exit 2
     ;;
 esac

@@ -14,6 +14,8 @@ synchronised before each iteration, as after a step's verification:
 - round then target: both, back to back, with no sync between (the deferred drafts' order),
   the round on its own stream (the target's stream waiting for it) or on the current one;
   and after the round's index upload (pinned host -> device) and taps copy, as in the engine;
+- the same with the GPU busy (a spin kernel ahead of the calls) or the host's caches cold (64 MiB
+  swept before each iteration): is either why the engine's calls cost more than these?
 - fill: the target runner's `_fill` (host mirror, one upload) and `_fill_host` alone, on the
   step metadata of a real generate (decode steps of 1, 5 and 9 tokens when they occur).
 Writes DIR/launch_costs.json.
@@ -41,11 +43,31 @@ def _median_us(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1e6, 1)
 
 
-def time_calls(calls: dict, iters: int, sync) -> dict[str, float]:
-    """calls: name -> zero-argument callable, run in order each iteration; µs per call."""
+BUSY_CYCLES = 400_000     # torch.cuda._sleep: about 0.2 ms of GPU time at the H200's clock
+COLD_BYTES = 64 << 20     # host memory swept between iterations: beyond the CPU's caches
+
+
+def busy_gpu() -> None:
+    """Keep the GPU busy while the calls are made (a spin kernel ahead of them)."""
+    torch.cuda._sleep(BUSY_CYCLES)
+
+
+_SWEEP = bytearray(COLD_BYTES)
+
+
+def cold_host() -> None:
+    """Evict the CPU caches, as the Python work between two steps of the engine does."""
+    _SWEEP[::64] = bytes(len(_SWEEP[::64]))
+
+
+def time_calls(calls: dict, iters: int, sync, before=None) -> dict[str, float]:
+    """calls: name -> zero-argument callable, run in order each iteration (after `sync` and
+    `before`, untimed); µs per call."""
     acc: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(iters):
         sync()
+        if before is not None:
+            before()
         for name, fn in calls.items():
             t0 = time.perf_counter()
             fn()
@@ -97,6 +119,12 @@ def graph_cases(llm, iters: int, sync) -> dict:
     out["upload, taps, round (current stream)"] = time_calls(
         {"upload": upload, "taps": taps_copy, "commit": commit.replay, "round": rnd.replay},
         iters, sync)
+    step = {"upload": upload, "taps": taps_copy, "commit": commit.replay, "round": rnd.replay,
+            "target": target[8].replay}
+    out["upload, taps, round, target T_b=8, GPU busy"] = time_calls(step, iters, sync,
+                                                                    busy_gpu)
+    out["upload, taps, round, target T_b=8, host caches cold"] = time_calls(step, iters, sync,
+                                                                            cold_host)
     out["upload, round, target T_b=8 (current stream)"] = time_calls(
         {"upload": upload, "commit": commit.replay, "round": rnd.replay,
          "target": target[8].replay}, iters, sync)

@@ -3,9 +3,11 @@
 
     python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
         --prompts-file engines/prompts/spec_bench_question.jsonl [--categories translation mt_bench]
-        [--modes off copy drafter copy+drafter] [--max-tokens 96] [--out DIR]
+        [--modes off copy drafter copy+drafter] [--max-tokens 96] [--warm-runs N]
+        [--gc on|off|freeze] [--out DIR]
 
-For each mode: one warm-up generate over the prompts, then one profiled generate (one stream at
+For each mode: one short warm-up generate over the prompts (and --warm-runs whole ones), the
+timed run (Python's garbage collector as --gc says), then one profiled generate (one stream at
 a time). Prints and writes (DIR/profile_generate.json): wall seconds, target passes, wall ms per
 pass, device busy ms per pass (sum of kernel times), host-side share (wall - device busy),
 an unprofiled run's split of a decode step into its parts (`timed_split`), and the top ops by
@@ -18,6 +20,7 @@ small target.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -58,7 +61,8 @@ PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
          # + the drafts' device copy), every CUDA graph replay call (target and drafter), the
          # deferred-drafts forward, the drafter launch's input gathering and runner step
          ("schedule", "scheduler", "schedule"), ("metadata", "engine_module", "build_metadata"),
-         ("fill", "runner", "_fill"), ("replay", "graph", "replay"),
+         ("fill", "runner", "_fill"), ("fill_host", "runner", "_fill_host"),
+         ("upload", "runner", "_upload"), ("replay", "graph", "replay"),
          ("forward_deferred", "engine", "_forward_deferred"),
          ("d_inputs", "drafter", "_collect"), ("d_step", "drafter_runner", "step"),
          # the drafter's graph replays alone (replay counts the target's too)
@@ -156,7 +160,18 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
-    split = timed_split(llm, ids, params)
+    for _ in range(args.warm_runs):
+        llm.generate(ids, params)
+    gc.collect()
+    if args.gc == "freeze":
+        gc.freeze()
+    elif args.gc == "off":
+        gc.disable()
+    try:
+        split = timed_split(llm, ids, params)
+    finally:
+        gc.enable()
+        gc.unfreeze()
     llm.engine.stats = SpecMetrics()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
     with profile(activities=acts) as prof:
@@ -215,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-after-capture", action="store_true",
                     help="capture_all replays each graph once (cuda_graphs / drafter_runner "
                          "REPLAY_AFTER_CAPTURE)")
+    ap.add_argument("--warm-runs", type=int, default=0,
+                    help="whole untimed generates of the prompts before the timed one")
+    ap.add_argument("--gc", default="on", choices=["on", "off", "freeze"],
+                    help="Python's garbage collector during the timed run: as is, disabled, "
+                         "or with the heap so far frozen (gc.freeze, as vLLM does at start-up)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     cuda_graphs.REPLAY_AFTER_CAPTURE = drafter_runner.REPLAY_AFTER_CAPTURE = \

@@ -11,11 +11,18 @@ rows, fp32 scores and sums, bf16 out. A row with no visible key (never in the dr
 block row's own position is written into the ring before the round) yields zeros here; the
 torch dense path would give NaN (softmax of all -inf).
 
-Kernel: one program per (stream, KV head); its rows are the g = Hq / Hkv query heads times the
-B block rows (padded to >= 16 for tl.dot); ring rows in BLOCK_L tiles with an online softmax
-(running max and sum) in a fixed tile order, so a row's bits never depend on the other
+Kernel: one program per (stream, KV head, split of the ring rows); its rows are the g = Hq / Hkv
+query heads times the B block rows (padded to >= 16 for tl.dot); its ring rows (SPLIT_ROWS of
+them: flash-decoding's split-KV) in BLOCK_L tiles with an online softmax (running max and sum,
+log2 units) in a fixed tile order. With one split the program writes the output; with more,
+each writes its partial (m, l, acc) and `attn_combine` merges a row's splits in a fixed order.
+The number of splits depends on `length` alone, so a row's bits never depend on the other
 streams of the call (batch invariance). Probabilities enter the P·V product as bf16 (the
 tensor-core operand type), the sums stay fp32. Ring layout: the drafter's (see `ring_attention`).
+
+Why split: a round attends L = 256 .. 4096 ring rows with 1-8 streams and 2 KV heads, so one
+program per (stream, head) left the H200 nearly idle: 22 µs per layer at L = 1024, one stream
+(bench/results/h200-2026-11-30d/k_drafter.log).
 """
 
 from __future__ import annotations
@@ -24,20 +31,25 @@ import math
 
 import torch
 
-from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from .attn_combine import launch_attn_combine
 
 BLOCK_L = 64
+SPLIT_ROWS = 128     # ring rows per program (a multiple of BLOCK_L): 8 splits at L = 1024
+LOG2E = 1.4426950408889634
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 @jit
 def _ring_attention_kernel(q_ptr, kv_ptr, rpos_ptr, slot_ptr, anchor_ptr, pos_ptr, out_ptr,
-                           sq_s, sq_b, n_slots, ring, length, window, scale,
-                           B: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr,
+                           m_ptr, l_ptr, acc_ptr, sq_s, sq_b, n_slots, ring, length, window,
+                           scale, span, B: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr,
                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_L: tl.constexpr, DOT_F32: tl.constexpr):
+                           BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
+                           DOT_F32: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    split = tl.program_id(2)
     m = tl.arange(0, BLOCK_M)                       # row m: query head h*G + m // B, block row m % B
     row_ok = m < G * B
     j = m % B
@@ -56,9 +68,11 @@ def _ring_attention_kernel(q_ptr, kv_ptr, rpos_ptr, slot_ptr, anchor_ptr, pos_pt
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, length, BLOCK_L):
+    first = split * span                            # this program's ring rows: first .. stop - 1
+    stop = tl.minimum(length, first + span)
+    for start in range(first, stop, BLOCK_L):
         l = start + tl.arange(0, BLOCK_L)
-        l_ok = l < length
+        l_ok = l < stop
         rp = tl.load(rpos_ptr + slot * ring + l, mask=l_ok, other=-1).to(tl.int64)
         at = k_base + l[:, None].to(tl.int64) * (HKV * D) + d[None, :]
         kv_ok = l_ok[:, None] & d_ok[None, :]
@@ -68,21 +82,28 @@ def _ring_attention_kernel(q_ptr, kv_ptr, rpos_ptr, slot_ptr, anchor_ptr, pos_pt
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         vis = (rp[None, :] >= lo) & (rp[None, :] <= row_pos[:, None]) & l_ok[None, :]
-        sc = tl.where(vis, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        sc = tl.where(vis, tl.dot(q, tl.trans(k)) * scale, float("-inf"))   # log2 units
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # nothing visible yet: no NaN
-        p = tl.exp(sc - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp2(sc - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         pv = p.to(tl.bfloat16)
         if DOT_F32:
             pv = pv.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pv, v)
         m_i = m_new
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]    # no visible key: zeros
     out_row = s * B + j
-    tl.store(out_ptr + out_row[:, None] * (G * HKV * D) + head[:, None] * D + d[None, :],
-             o.to(tl.bfloat16), mask=row_ok[:, None] & d_ok[None, :])
+    if SPLIT == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]    # no visible key: zeros
+        tl.store(out_ptr + out_row[:, None] * (G * HKV * D) + head[:, None] * D + d[None, :],
+                 o.to(tl.bfloat16), mask=row_ok[:, None] & d_ok[None, :])
+    else:      # partials of row (out_row, head), split `split`: attn_combine's layout
+        part = (out_row * (G * HKV) + head) * SPLIT + split
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc,
+                 mask=row_ok[:, None] & d_ok[None, :])
 
 
 def ring_attention_ref(q: torch.Tensor, kv: torch.Tensor, ring_pos: torch.Tensor,
@@ -129,23 +150,45 @@ def _warps(d: int) -> int:
     return 8 if d >= 128 else 4
 
 
+def num_splits(length: int, d: int) -> int:
+    """Programs per (stream, KV head): one per SPLIT_ROWS ring rows; 1 when D is not a power
+    of two (attn_combine's tile) or the rows fit one split. Depends on length and D only."""
+    if d != next_pow2(d) or d < 16:
+        return 1
+    return cdiv(int(length), SPLIT_ROWS)
+
+
 def _launch(q, kv, ring_pos, slots, anchors, pos, context_window, length, interpret):
     s, b, hq, d = q.shape
     hkv = kv.shape[3]
-    out = torch.empty(s * b, hq * d, dtype=torch.bfloat16, device=q.device)
-    if s:
-        launch(_ring_attention_kernel, (s, hkv), q, kv, ring_pos, slots, anchors, pos, out,
-               q.stride(0), q.stride(1), kv.shape[1], kv.shape[2], int(length),
-               int(context_window), 1.0 / math.sqrt(d), B=b, G=hq // hkv, HKV=hkv, D=d,
-               BLOCK_M=max(16, next_pow2((hq // hkv) * b)), BLOCK_D=max(16, next_pow2(d)),
-               BLOCK_L=BLOCK_L, DOT_F32=interpret, num_warps=_warps(d), num_stages=2,
-               interpret=interpret)
+    dev = q.device
+    split = num_splits(length, d)
+    out = torch.empty(s * b, hq * d, dtype=torch.bfloat16, device=dev)
+    if not s:
+        return out
+    rows = s * b * hq
+    if split > 1:
+        m = torch.empty(rows, split, dtype=torch.float32, device=dev)
+        l = torch.empty_like(m)
+        acc = torch.empty(rows, split, d, dtype=torch.float32, device=dev)
+    else:
+        m = l = acc = out                      # not written
+    launch(_ring_attention_kernel, (s, hkv, split), q, kv, ring_pos, slots, anchors, pos, out,
+           m, l, acc, q.stride(0), q.stride(1), kv.shape[1], kv.shape[2], int(length),
+           int(context_window), LOG2E / math.sqrt(d), SPLIT_ROWS if split > 1 else int(length),
+           B=b, G=hq // hkv, HKV=hkv, D=d,
+           BLOCK_M=max(16, next_pow2((hq // hkv) * b)), BLOCK_D=max(16, next_pow2(d)),
+           BLOCK_L=BLOCK_L, SPLIT=split, DOT_F32=interpret, num_warps=_warps(d), num_stages=2,
+           interpret=interpret)
+    if split > 1:
+        out = launch_attn_combine(m, l, acc, interpret).view(s * b, hq * d)
     return out
 
 
 def ring_attention(q, kv, ring_pos, slots, anchors, pos, context_window: int, length: int,
                    interpret: bool = False) -> torch.Tensor:
-    """Ring attention of S streams' block rows over their ring slots, one launch.
+    """Ring attention of S streams' block rows over their ring slots: one launch, plus one
+    `attn_combine` launch when the rows are split (`num_splits`: length > SPLIT_ROWS).
 
     Args:
         q: bf16 [S, B, Hq, D], queries with RoPE; heads and head dims contiguous, the strides

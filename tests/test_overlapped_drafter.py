@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kolibri_trt import LLM
+from kolibri_trt.model.metadata import StepMetadata
 from kolibri_trt.spec.plugin_drafter_proposer import PluginDrafterProposer
 
 from test_plugin_drafter import LOSSLESS_PARAMS, make_engines, off_token_ids
@@ -91,3 +92,31 @@ def test_drafts_on_device_needs_the_single_device_kernel_path(engines):
     with pytest.raises(ValueError, match="^drafts_on_device:"):
         LLM(engines["fp8-nvfp4"], speculative="copy+drafter", model_impl="reference",
             drafts_on_device=True)
+
+
+def test_the_target_runner_reads_the_drafters_fixed_buffer(engines):
+    """With drafts on the device the target runner takes them from the drafter runner's
+    `drafts_out` inside its (bucketed) step; other values, or a source set after a capture,
+    are refused, naming the argument."""
+    llm = LLM(engines["fp8-nvfp4"], speculative="copy+drafter", model_impl="plugins",
+              max_num_batched_tokens=64, drafter_overlap=True, drafts_on_device=True)
+    runner, drafter = llm.engine.runner, llm.engine.speculator.drafter
+    assert runner.draft_source is drafter.runner.drafts_out
+    with pytest.raises(ValueError, match="^values:"):
+        runner.use_draft_source(torch.zeros(4))
+    step = StepMetadata(                     # a bucketed step: one stream, 2 tokens
+        input_ids=torch.tensor([5, 0]), positions=torch.tensor([3, 4]),
+        cu_q_lens=torch.tensor([0, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([5], dtype=torch.int32),
+        full_block_tables=torch.zeros(1, 1, dtype=torch.int32),
+        sliding_block_tables=torch.zeros(1, 1, dtype=torch.int32),
+        full_slots=torch.tensor([-1, -1]), sliding_slots=torch.tensor([-1, -1]),
+        logits_rows=torch.tensor([0, 1]), q_lens=(2,), seq_lens_host=(5,))
+    with pytest.raises(ValueError, match="^draft_ids:"):
+        runner.forward(step, (), draft_ids=([1], [0], torch.zeros(4, dtype=torch.long)))
+    drafter.runner.drafts_out[0] = 77
+    runner.forward(step, (), draft_ids=([1], [0], drafter.runner.drafts_out[:4]))
+    assert runner.static["input_ids"][:2].tolist() == [5, 77]
+    runner.graphs[(1, 2, ())] = None          # as if a graph had been captured
+    with pytest.raises(ValueError, match="^use_draft_source:"):
+        runner.use_draft_source(drafter.runner.drafts_out)

@@ -72,9 +72,11 @@ def prompt_ids(llm, prompt, template: str) -> list[int]:
 
 def run_modes(args, modes, prompts, temps) -> dict:
     """Generate every prompt (one stream) per temperature and mode; timings and metrics per
-    mode, temperature and category. The modes take turns (one engine each, all loaded first):
-    each repeat of a category runs every mode once, so slow phases of the machine hit every
-    mode alike."""
+    mode, temperature and category. The modes take turns (one engine each, all loaded first)
+    prompt by prompt, starting with a different mode each time (rotated order): the host's
+    speed on the H200 machine drifts by up to 2x within a call (the same pure-Python step
+    setup measured 0.039 and 0.089 ms, bench/results/h200-2026-11-30e/), so every mode must
+    see every phase alike. A repeat of a category is every prompt once per mode."""
     llms = {m: LLM(args.engine, speculative=m, max_num_seqs=1,
                    max_model_len=args.max_model_len, device=args.device,
                    drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
@@ -92,31 +94,43 @@ def run_modes(args, modes, prompts, temps) -> dict:
                          SamplingParams(max_tokens=2))
         for m in modes:
             out[m][temp] = {}
+        turn = 0
         for cat in dict.fromkeys(p.category for p in prompts):
             ids = [prompt_ids(first, p, args.template) for p in prompts if p.category == cat]
-            runs: dict = {m: [] for m in modes}
-            for _ in range(args.repeats):
-                for m in modes:
-                    runs[m].append(timed_run(llms[m], ids, params))
+            runs: dict = {m: [[] for _ in range(args.repeats)] for m in modes}
+            for r in range(args.repeats):
+                for one in ids:
+                    order = modes[turn % len(modes):] + modes[:turn % len(modes)]
+                    turn += 1
+                    for m in order:
+                        runs[m][r].append(timed_run(llms[m], [one], params))
             for m in modes:
-                out[m][temp][cat] = summarize_runs(runs[m], ids)
+                out[m][temp][cat] = summarize_runs([merge_runs(x) for x in runs[m]], ids)
     return out
 
 
 def timed_run(llm, ids: list[list[int]], params) -> tuple:
-    """Generate a category's prompts once (one stream at a time): (outputs, tokens/s over the
-    wall time, decode tokens/s from `RequestMetrics` or None)."""
+    """Generate prompts once (one stream at a time): (outputs, tokens, wall seconds, decode
+    tokens, decode seconds from `RequestMetrics`)."""
     t0 = time.perf_counter()
     res = llm.generate(ids, params)
     dt = time.perf_counter() - t0
     dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
     dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
-    return res, sum(len(r.token_ids) for r in res) / dt, dec_n / dec_t if dec_t > 0 else None
+    return res, sum(len(r.token_ids) for r in res), dt, dec_n, dec_t
+
+
+def merge_runs(parts: list[tuple]) -> tuple:
+    """`timed_run`s of single prompts (one repeat of a category) -> (outputs in prompt order,
+    tokens/s over the summed wall time, decode tokens/s over the summed decode time or None)."""
+    res = [r for part in parts for r in part[0]]
+    tokens, wall, dec_n, dec_t = (sum(p[i] for p in parts) for i in range(1, 5))
+    return res, tokens / wall, dec_n / dec_t if dec_t > 0 else None
 
 
 def summarize_runs(runs: list[tuple], ids: list[list[int]]) -> dict:
-    """`timed_run`s of one mode and category: the speeds are the medians over the runs, the
-    tokens and metrics those of the first run (every run gives the same tokens: greedy, or
+    """Runs (`merge_runs`) of one mode and category: the speeds are the medians over the runs,
+    the tokens and metrics those of the first run (every run gives the same tokens: greedy, or
     keyed sampling)."""
     res = runs[0][0]
     m = SpecMetrics()

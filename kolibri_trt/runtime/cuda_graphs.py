@@ -62,7 +62,9 @@ class PluginRunner:
         self.max_t = self.max_s * _pow2(max_q_len)
         self.width = -(-max_model_len // block_size)
         n = self.max_s + -(-self.max_t // max_q_len)
-        shapes = {"input_ids": ((self.max_t,), torch.long), "positions": ((self.max_t,), torch.long),
+        # input_ids has one element past every bucket: the trash target of unused draft_dst
+        shapes = {"input_ids": ((self.max_t + 1,), torch.long),
+                  "positions": ((self.max_t,), torch.long),
                   "full_slots": ((self.max_t,), torch.long),
                   "sliding_slots": ((self.max_t,), torch.long),
                   "cu_q_lens": ((n + 1,), torch.int32), "seq_lens": ((n,), torch.int32),
@@ -80,10 +82,28 @@ class PluginRunner:
             self._host_bytes, self._host, self._copied = self._dev_bytes, self.static, None
         for name in ("full_slots", "sliding_slots"):
             self._host[name].fill_(-1)
+        self._host["draft_dst"].fill_(self.max_t)
         self._np = {name: v.numpy() for name, v in self._host.items()}  # the mirror, as numpy
         self._upload()
         self.graphs: dict[tuple[int, int, tuple[int, ...]], tuple] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.draft_source: torch.Tensor | None = None   # `use_draft_source`
+        self._draft_k = 0                                # draft_dst entries the last step set
+
+    def use_draft_source(self, values: torch.Tensor) -> None:
+        """Bucketed steps take their deferred drafts from `values` (int64 [N] on the model's
+        device, at a fixed address: `DrafterRunner.drafts_out`) inside the step itself (in
+        the graph), where otherwise two eager ops per step put them in; forward's draft_ids
+        must then hold a view of `values` (from its start). Costs every bucketed step one
+        gather and one scatter over max_num_seqs * max_q_len ids on the device.
+
+        Raises ValueError for a wrong dtype or device, or once a graph has been captured."""
+        if self.graphs:
+            raise ValueError("use_draft_source: graphs are captured already")
+        if values.dtype != torch.long or values.dim() != 1 or values.device != self.model.device:
+            raise ValueError(f"values: int64 [N] on {self.model.device}, got {values.dtype} "
+                             f"{tuple(values.shape)} on {values.device}")
+        self.draft_source = values
 
     def bucket(self, meta: StepMetadata) -> tuple[int, int] | None:
         """(S_b, T_b) for a graph step, None for an eager one."""
@@ -144,6 +164,10 @@ class PluginRunner:
                             torch.tensor(src, device=dev), values)
             return self.model.forward(meta, self.caches, max(meta.seq_lens_host),
                                       max(meta.q_lens), tap_layers=tap_layers)
+        if (draft_ids and draft_ids[0] and self.draft_source is not None
+                and draft_ids[2].data_ptr() != self.draft_source.data_ptr()):
+            raise ValueError("draft_ids: values must be a view of the runner's draft source "
+                             "(use_draft_source) from its start")
         padded = self._fill(meta, *b, draft_ids)
         key = (*b, tuple(tap_layers))
         if not self.use_graphs:
@@ -157,6 +181,9 @@ class PluginRunner:
         return logits[:t].clone(), (None if taps is None else taps[:t].clone())
 
     def _run(self, padded: StepMetadata, tap_layers):
+        if self.draft_source is not None:      # all max_t entries; unused ones hit the trash id
+            st = self.static
+            _put_drafts(st["input_ids"], st["draft_dst"], st["draft_src"], self.draft_source)
         return self.model.forward(padded, self.caches, self.max_seq_len, self.max_q_len,
                                   all_rows=True, tap_layers=tap_layers)
 
@@ -193,7 +220,8 @@ class PluginRunner:
     def _fill(self, meta: StepMetadata, s_b: int, t_b: int, draft_ids=None) -> StepMetadata:
         """Copy the step into the static buffers, padded to (s_b, t_b); returns views of them
         (`self.static`). Written on the host mirror, then uploaded in one copy; draft_ids
-        (`forward`'s): their indices ride in the same copy, then two ops put the values in."""
+        (`forward`'s): their indices ride in the same copy, then two ops put the values in
+        (inside the step, `_run`, with a draft source)."""
         if self._copied is not None:
             self._copied.synchronize()        # the previous upload has read the mirror
         lens = self._fill_host(meta, s_b, t_b)
@@ -201,9 +229,13 @@ class PluginRunner:
         if k:
             self._np["draft_dst"][:k] = draft_ids[0]
             self._np["draft_src"][:k] = draft_ids[1]
+        if self._draft_k > k:                  # the last step's extra entries: back to trash
+            self._np["draft_dst"][k:self._draft_k] = self.max_t
+            self._np["draft_src"][k:self._draft_k] = 0
+        self._draft_k = k
         self._upload()
         st, s, n = self.static, meta.num_seqs, len(lens)
-        if k:
+        if k and self.draft_source is None:
             _put_drafts(st["input_ids"], st["draft_dst"][:k], st["draft_src"][:k], draft_ids[2])
         return StepMetadata(
             input_ids=st["input_ids"][:t_b], positions=st["positions"][:t_b],

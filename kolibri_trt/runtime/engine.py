@@ -88,6 +88,8 @@ class LLMEngine:
                              "(model_impl='plugins', no tensor parallelism)")
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
                                      gate=self.args.drafter_gate, overlap=overlap, defer=defer)
+        if self.speculator.defer:       # the target's graphs put the drafts in themselves
+            self.runner.use_draft_source(proposer.runner.drafts_out)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
         self._step_mark: float | None = None     # end of the last timed step (perf_counter)

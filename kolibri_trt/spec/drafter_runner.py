@@ -32,10 +32,11 @@ run in chunks); round S streams -> S_b = next power of two, and L ring rows atte
 smallest of 256, 512, ... >= max(p) + depth*B, or R (all). Padding rows and streams use the
 ring's trash slot (slot trash, position -1 / anchor 0, taps row 0). Graphs: one per commit
 bucket plus one per (S_b, L): 5 + 4 * 5 = 25 for the mini engine (8 streams, context window
-2048, depth 1), 8 + 7 * 5 = 43 at 64 streams. One graph for commit + round would need one per
-(N_b, S_b, L): 100 and 280 there, to save one replay call (the two are enqueued back to back
-with no sync between them), so the runner keeps two. Serving rounds return no logits (the
-heads' argmax reads the head's output: no fp32 copy); a round with logits (`step(...,
+2048, depth 1), 8 + 7 * 5 = 43 at 64 streams; plus, for commits of at most MERGE_COMMIT rows
+(a decode step's accepted tokens), one graph per (N_b, S_b, L) holding commit and round, so
+that a steady round is one replay call: 2 * 20 = 40 more for the mini engine, 2 * 35 = 70 at
+64 streams (larger commits, after a prefill, replay the two apart). Serving rounds return no
+logits (the heads' argmax reads the head's output: no fp32 copy); a round with logits (`step(...,
 logits=True)`, tests) is its own graph, key ("round", S_b, L, True). Each graph is captured
 on first use (or by `capture_all` at start-up, the serving ones) after one eager warm-up run
 that writes what the replay writes again; on CPU, or with graphs off, the same padded inputs
@@ -52,6 +53,9 @@ from ..drafter.plugin_glue import RoundIndex
 from ..drafter.plugin_weights import DrafterRing
 
 MIN_COMMIT = 8
+# commits of at most this bucket run in one graph with their round (a step's accepted tokens:
+# at most 1 + num_speculative_tokens rows), saving a replay call per round
+MERGE_COMMIT = 16
 # capture_all replays each graph once right after its capture (runtime/cuda_graphs.py's
 # REPLAY_AFTER_CAPTURE: the first launch's upload happens at start-up); off until measured
 REPLAY_AFTER_CAPTURE = False
@@ -117,11 +121,16 @@ class DrafterRunner:
         self.offsets = np.arange(depth * c.block_size, dtype=np.int64).reshape(depth, 1, -1)
         self.host_drafts = (torch.zeros(self.max_s, depth * c.block_size, dtype=torch.long,
                                         pin_memory=True) if cuda else None)
+        # every round's drafts, also at one fixed address (row s: stream s's depth*B ids), so
+        # that the target's graphs can read them (`PluginRunner.use_draft_source`)
+        self.drafts_out = torch.zeros(self.max_s * depth * c.block_size, dtype=torch.long,
+                                      device=dev)
         self.uploaded = torch.cuda.Event() if cuda else None    # the last index upload done
         self.copied = torch.cuda.Event() if cuda else None      # the last drafts copy done
         self.graphs: dict[tuple, tuple] = {}
         self.used: set[tuple] = set()     # bucket keys run so far (graphs or eager)
-        self.last_key: tuple | None = None
+        self.last_key: tuple | None = None      # the last commit or round bucket run
+        self.last_graph: tuple | None = None    # the last graph key run (a merged one: "step")
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
 
     @property
@@ -212,13 +221,19 @@ class DrafterRunner:
         if self.uploaded is not None:
             self.idx.copy_(self.stage, non_blocking=True)
             self.uploaded.record()
-        if commit is not None:
-            self._replay(("commit", n_b), lambda: self._commit_step(n_b))
         if rnd is None:
+            self._replay(("commit", n_b), lambda: self._commit_step(n_b))
             return None
         length = self.length_bucket(max(rnd[2]))
-        drafts, out = self._replay(("round", s_b, length, logits),
-                                   lambda: self._round_step(s_b, length, logits))
+        if commit is not None and n_b <= MERGE_COMMIT:      # both steps in one replay
+            drafts, out = self._replay(("step", n_b, s_b, length, logits),
+                                       lambda: self._both_steps(n_b, s_b, length, logits),
+                                       parts=(("commit", n_b), ("round", s_b, length, logits)))
+        else:
+            if commit is not None:
+                self._replay(("commit", n_b), lambda: self._commit_step(n_b))
+            drafts, out = self._replay(("round", s_b, length, logits),
+                                       lambda: self._round_step(s_b, length, logits))
         return drafts[:s], None if out is None else out[:s]
 
     def _stage_commit(self, commit: Fields, n_b: int) -> None:
@@ -254,18 +269,26 @@ class DrafterRunner:
         self.model.commit(self.ring, taps, i[0, :n_b], i[1, :n_b], i[2, :n_b], i[4, :n_b], rope)
         return None
 
+    def _both_steps(self, n_b: int, s_b: int, length: int, logits: bool = False):
+        """The commit of bucket n_b, then the round of bucket (s_b, length): one graph."""
+        self._commit_step(n_b)
+        return self._round_step(s_b, length, logits)
+
     def _round_step(self, s_b: int, length: int, logits: bool = False):
         """The graphed round of bucket (s_b, length): the taps rows and every pass's RoPE
         rows gathered (one index_select each), then `DrafterPlugin.propose` over the staged
-        indices (`_stage_round`). Returns its (drafts, logits or None)."""
+        indices (`_stage_round`). Returns its (drafts, logits or None); the drafts also go
+        into `drafts_out`."""
         i, d, b = self.r_idx, self.depth, self.model.config.block_size
         n = d * s_b * b
         rope = self.rope.index_select(0, i[4, :n]).view(d, s_b * b, *self.rope.shape[1:])
         index = RoundIndex(i[2, :d * s_b].view(d, s_b), i[4, :n].view(d, s_b, b),
                            i[5, :n].view(d, s_b, b), rope)
         taps = self.taps.index_select(0, i[3, :s_b])
-        return self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], index, length,
-                                  logits)
+        drafts, out = self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], index, length,
+                                         logits)
+        self.drafts_out[:drafts.numel()].view_as(drafts).copy_(drafts)
+        return drafts, out
 
     @torch.no_grad()
     def read_drafts(self, drafts: torch.Tensor) -> list[list[int]]:
@@ -291,9 +314,13 @@ class DrafterRunner:
         return host.tolist()
 
     # ---- graphs --------------------------------------------------------------------------
-    def _replay(self, key: tuple, fn):
-        self.used.add(key)
-        self.last_key = key
+    def _replay(self, key: tuple, fn, parts: tuple[tuple, ...] = ()):
+        """Run bucket `key` (its graph, captured on first use, or fn eagerly); parts: the
+        commit and round keys a merged ("step", ...) key runs, recorded in `used` as well
+        (`last_key`: the round's)."""
+        self.used.update((key, *parts))
+        self.last_key = parts[-1] if parts else key
+        self.last_graph = key
         if not self.use_graphs:
             return fn()
         if key not in self.graphs:
@@ -332,11 +359,16 @@ class DrafterRunner:
                 if REPLAY_AFTER_CAPTURE:
                     self.graphs[("commit", n_b)][0].replay()
                 count += 1
+        merged = [n for n in self.commit_buckets() if n <= MERGE_COMMIT]
         for s_b, length in self.round_buckets():
-            if ("round", s_b, length, False) not in self.graphs:
-                self.graphs[("round", s_b, length, False)] = self._capture(
-                    lambda s=s_b, n=length: self._round_step(s, n))
-                if REPLAY_AFTER_CAPTURE:
-                    self.graphs[("round", s_b, length, False)][0].replay()
-                count += 1
+            todo = {("round", s_b, length, False): lambda s=s_b, n=length: self._round_step(s, n)}
+            for n_b in merged:
+                todo[("step", n_b, s_b, length, False)] = \
+                    lambda c=n_b, s=s_b, n=length: self._both_steps(c, s, n)
+            for key, fn in todo.items():
+                if key not in self.graphs:
+                    self.graphs[key] = self._capture(fn)
+                    if REPLAY_AFTER_CAPTURE:
+                        self.graphs[key][0].replay()
+                    count += 1
         return count

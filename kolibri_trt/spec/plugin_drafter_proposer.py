@@ -47,7 +47,8 @@ class DeferredDrafts:
     (`PluginDrafterProposer.collect`), so no host sync sits between the round and the pass."""
 
     request_ids: list[str]               # the round's ready streams, in its row order
-    drafts: torch.Tensor                 # int64 [S, depth*B] target ids, the drafter's device
+    drafts: torch.Tensor                 # int64 [S, depth*B] target ids, the drafter's device:
+                                         # the head of DrafterRunner.drafts_out
     stream: torch.cuda.Stream | None     # the round's CUDA stream (None on CPU)
 
     def ready_here(self) -> None:
@@ -225,7 +226,8 @@ class PluginDrafterProposer:
         if self._inflight is None:
             return None
         ready, _, drafts = self._inflight
-        return DeferredDrafts(list(ready), drafts, self.stream)
+        out = self.runner.drafts_out[:drafts.numel()].view(drafts.shape)   # the same ids
+        return DeferredDrafts(list(ready), out, self.stream)
 
     def collect(self) -> dict[str, list[int]]:
         """The drafts of the last `launch` (waits for them: the round's one host sync), by

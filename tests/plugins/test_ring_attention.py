@@ -3,6 +3,7 @@ against the plain-torch reference over rings with wrap-around, empty rows, stale
 rows and a cutting context window; batch invariance of the kernel; rows that see no key;
 argument checks."""
 
+import importlib
 import math
 
 import pytest
@@ -66,6 +67,24 @@ def test_interpreter_matches_reference(interp_rne, s, hq, hkv, d, length):
     err = (got.float() - want.float()).abs()
     assert (err <= ATOL + RTOL * want.float().abs()).all(), err.max().item()
     assert torch.equal(ring_attention(*args), want)     # the CPU op is the reference
+
+
+def test_split_rows_change_only_the_summation_order(interp_rne, monkeypatch):
+    """length 300 runs 3 programs per (stream, head) and `attn_combine`; with one split (a
+    SPLIT_ROWS above the length) the kernel writes the output itself. Both are the reference
+    within the kernel's tolerance, and they differ only by summation order."""
+    module = importlib.import_module("kolibri_trt_plugins.ring_attention")
+    assert module.num_splits(300, 128) == 3 and module.num_splits(128, 128) == 1
+    assert module.num_splits(300, 96) == 1          # D not a power of two: one program
+    args = case(3, 4, 2, 128, 200)
+    split = ring_attention(*args, 200, 300, interpret=True)
+    monkeypatch.setattr(module, "SPLIT_ROWS", 512)
+    assert module.num_splits(300, 128) == 1
+    whole = ring_attention(*args, 200, 300, interpret=True)
+    want = ring_attention_ref(*args, 200, 300).float()
+    for got in (split, whole):
+        assert ((got.float() - want).abs() <= ATOL + RTOL * want.abs()).all()
+    assert ((split.float() - whole.float()).abs() <= ATOL + RTOL * want.abs()).all()
 
 
 def test_reference_is_the_dense_glue_where_every_row_sees_a_key():
