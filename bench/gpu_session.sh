@@ -99,6 +99,10 @@
 #       category + 4 HumanEval, 192 tokens, greedy and T = 0.8, medians of 3, the modes taking
 #       turns prompt by prompt), then profile_generate's split (~7 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=u bash bench/gpu_session.sh   chat and German with more prompts (8 per category of
+#       mt_bench and translation, 192 tokens, greedy and T = 0.8, medians of 3, modes taking
+#       turns prompt by prompt), the "always" and the adaptive drafter gate (~7 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -330,6 +334,14 @@ case "${PART:-}" in
     step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
       --max-tokens 128 --warm-runs 1 --out "$OUT"
+    ;;
+  u)
+    unpack carry-b
+    evalmini acceptance 240 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
+    evalmini acceptance_adaptive 200 --categories mt_bench translation --per-category 8 \
+      --humaneval 0 --max-tokens 192 --repeats 3 --drafter-gate adaptive \
+      --json "$OUT/eval_adaptive.json"
     ;;
   b)
     unpack carry-b

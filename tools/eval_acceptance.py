@@ -58,7 +58,7 @@ SAMPLED_SEED = 1
 
 def load_eval_prompts(args) -> list:
     out = load_prompts(args.prompts_dir / "spec_bench_question.jsonl",
-                       per_category=args.per_category, categories=CATEGORIES)
+                       per_category=args.per_category, categories=tuple(args.categories))
     if args.humaneval:
         out += load_prompts(args.prompts_dir / "human_eval.jsonl.gz", limit=args.humaneval)
     return out
@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
+                    help="the Spec-Bench categories to run (default: all four)")
     ap.add_argument("--humaneval", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--max-model-len", type=int, default=4096)
