@@ -142,6 +142,13 @@ evalmini() {  # evalmini NAME SECONDS ARGS...: the acceptance eval on the traine
     --prompts-dir engines/prompts --device cuda "$@"
 }
 
+shorteval() {  # shorteval NAME SECONDS ARGS...: the short acceptance eval (greedy, 2 prompts
+  local name=$1 limit=$2   # per category, no HumanEval, 128 tokens, medians of 2)
+  shift 2
+  evalmini "$name" "$limit" --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
+    --temperatures 0 "$@"
+}
+
 unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried
   [ -f "engines/$1.tar.xz" ] || return 0
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('engines', filter='data')" \
@@ -225,10 +232,8 @@ case "${PART:-}" in
     P=engines/prompts/spec_bench_question.jsonl
     step runtime 170 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
       --prompts-file "$P"
-    evalmini acceptance 130 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0 --json "$OUT/eval_h200.json"
-    evalmini acceptance_host 100 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0 --drafts-on-device off --json "$OUT/eval_host.json"
+    shorteval acceptance 130 --json "$OUT/eval_h200.json"
+    shorteval acceptance_host 100 --drafts-on-device off --json "$OUT/eval_host.json"
     step drafter 60 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
       --prompts-file "$P" --only round
     step profile 80 python3 bench/profile_generate.py --engine engines/mini-h200 \
@@ -239,8 +244,7 @@ case "${PART:-}" in
     P=engines/prompts/spec_bench_question.jsonl
     step profile 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --out "$OUT"
-    evalmini acceptance 130 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0
+    shorteval acceptance 130
     ENGINE=engines/mini-h200-ft evalmini acceptance_ft 80 --per-category 2 --humaneval 0 \
       --max-tokens 128 --repeats 2 --temperatures 0 --json "$OUT/eval_ft.json"
     ENGINE=engines/mini-h200-ft evalmini acceptance_ft_adaptive 80 --per-category 2 \
@@ -249,10 +253,8 @@ case "${PART:-}" in
   m)
     unpack carry-b
     step launch_costs 150 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
-    evalmini acceptance 120 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0
-    evalmini acceptance_current 80 --per-category 2 --humaneval 0 --max-tokens 128 \
-      --repeats 2 --temperatures 0 --drafter-stream current
+    shorteval acceptance 120
+    shorteval acceptance_current 80 --drafter-stream current
     ;;
   n)
     unpack carry-b
@@ -262,8 +264,7 @@ case "${PART:-}" in
     step launch_costs 60 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
     evalmini acceptance 270 --per-category 3 --humaneval 3 --max-tokens 192 --repeats 3 \
       --json "$OUT/eval_h200.json"
-    evalmini acceptance_adaptive 80 --per-category 2 --humaneval 0 --max-tokens 128 \
-      --repeats 2 --temperatures 0 --drafter-gate adaptive
+    shorteval acceptance_adaptive 80 --drafter-gate adaptive
     ;;
   o)
     unpack carry-b
@@ -285,10 +286,8 @@ case "${PART:-}" in
     step profile_replayed 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --replay-after-capture \
       --out "$OUT/replayed"
-    evalmini acceptance 120 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0
-    evalmini acceptance_replayed 80 --per-category 2 --humaneval 0 --max-tokens 128 \
-      --repeats 2 --temperatures 0 --replay-after-capture
+    shorteval acceptance 120
+    shorteval acceptance_replayed 80 --replay-after-capture
     ;;
   r)
     unpack carry-b
@@ -305,8 +304,7 @@ case "${PART:-}" in
     step profile_freeze 90 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
       --gc freeze --out "$OUT/profile_freeze"
-    evalmini acceptance 120 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0 --json "$OUT/eval_h200.json"
+    shorteval acceptance 120 --json "$OUT/eval_h200.json"
     tar -C "$OUT" -czf /tmp/r_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/r_results.tar.gz "$OUT/"
     ;;
@@ -317,10 +315,8 @@ case "${PART:-}" in
       --prompts-file "$P" --only graphs round
     step runtime 260 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
       --prompts-file "$P"
-    evalmini acceptance 100 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0 --json "$OUT/eval_h200.json"
-    evalmini acceptance_host 80 --per-category 2 --humaneval 0 --max-tokens 128 --repeats 2 \
-      --temperatures 0 --drafts-on-device off --json "$OUT/eval_host.json"
+    shorteval acceptance 100 --json "$OUT/eval_h200.json"
+    shorteval acceptance_host 80 --drafts-on-device off --json "$OUT/eval_host.json"
     step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
       --out "$OUT/profile"
