@@ -103,6 +103,9 @@
 #       mt_bench and translation, 192 tokens, greedy and T = 0.8, medians of 3, modes taking
 #       turns prompt by prompt), the "always" and the adaptive drafter gate (~7 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=v bash bench/gpu_session.sh   PART u's "always" eval with the drafter's drafts read on
+#       the host before the target pass (--drafts-on-device off) (~4 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
@@ -338,6 +341,12 @@ case "${PART:-}" in
     evalmini acceptance_adaptive 200 --categories mt_bench translation --per-category 8 \
       --humaneval 0 --max-tokens 192 --repeats 3 --drafter-gate adaptive \
       --json "$OUT/eval_adaptive.json"
+    ;;
+  v)
+    unpack carry-b
+    evalmini acceptance_host 300 --categories mt_bench translation --per-category 8 \
+      --humaneval 0 --max-tokens 192 --repeats 3 --drafts-on-device off \
+      --json "$OUT/eval_host.json"
     ;;
   b)
     unpack carry-b
