@@ -10,7 +10,8 @@ The taps go as pieces, per stream the rows lo .. p (commit rows, then the anchor
 decoding the anchor's row kept from the last round plus the step's observed tensor, whole.
 Host work per round: one pass over the ready streams (constant per stream but for the ints of
 its commit rows: next ids, slots, positions), the runner's one taps copy, one index upload,
-one graph replay (commit and round merged; two after a long commit), and (`propose_batch`) one copy of the drafts back, the round's only sync.
+one graph replay (commit and round merged; two after a long commit), and (`propose_batch`)
+one copy of the drafts back, the round's only sync.
 
 Taps are not fused at `observe`: the proposer keeps, per stream, the taps (device tensors)
 of the positions it still needs (from kv_end, at most context_window + 1 back) and fuses
