@@ -22,8 +22,8 @@ into a pinned copy (`stage`) and uploads it with one non-blocking copy; on CPU `
 `idx`, written in place.
 
 Device operations per round on CUDA: 1 copy of the taps rows, 1 index upload, 1 graph replay
-(2 after a commit of more than MERGE_COMMIT rows), and (`read_drafts`, `propose_batch`) 1 copy of the drafts into pinned memory, then 1 event
-wait: the round's only host sync. (Before: 2 taps cats, 2 `torch.tensor` + pageable index
+(2 after a commit of more than MERGE_COMMIT rows), and (`read_drafts`, `propose_batch`) 1 copy
+of the drafts into pinned memory, then 1 event wait: the round's only host sync. (Before: 2 taps cats, 2 `torch.tensor` + pageable index
 copies, each a full stream sync, 2 replays and `.tolist()` of a device tensor: 7 device
 operations and 3 syncs per round, the second of which waited for the commit.)
 
