@@ -23,9 +23,10 @@ into a pinned copy (`stage`) and uploads it with one non-blocking copy; on CPU `
 
 Device operations per round on CUDA: 1 copy of the taps rows, 1 index upload, 1 graph replay
 (2 after a commit of more than MERGE_COMMIT rows), and (`read_drafts`, `propose_batch`) 1 copy
-of the drafts into pinned memory, then 1 event wait: the round's only host sync. (Before: 2 taps cats, 2 `torch.tensor` + pageable index
-copies, each a full stream sync, 2 replays and `.tolist()` of a device tensor: 7 device
-operations and 3 syncs per round, the second of which waited for the commit.)
+of the drafts into pinned memory, then 1 event wait: the round's only host sync. (Before: 2
+taps cats, 2 `torch.tensor` + pageable index copies, each a full stream sync, 2 replays and
+`.tolist()` of a device tensor: 7 device operations and 3 syncs per round, the second of
+which waited for the commit.)
 
 Buckets: commit N rows -> N_b = next power of two >= 8, at most `max_commit` (larger commits
 run in chunks); round S streams -> S_b = next power of two, and L ring rows attended = the
@@ -36,8 +37,8 @@ bucket plus one per (S_b, L): 5 + 4 * 5 = 25 for the mini engine (8 streams, con
 (a decode step's accepted tokens), one graph per (N_b, S_b, L) holding commit and round, so
 that a steady round is one replay call: 2 * 20 = 40 more for the mini engine, 2 * 35 = 70 at
 64 streams (larger commits, after a prefill, replay the two apart). Serving rounds return no
-logits (the heads' argmax reads the head's output: no fp32 copy); a round with logits (`step(...,
-logits=True)`, tests) is its own graph, key ("round", S_b, L, True). Each graph is captured
+logits (the heads' argmax reads the head's output: no fp32 copy); a round with logits
+(`step(..., logits=True)`, tests) is its own graph, key ("round", S_b, L, True). Each graph is captured
 on first use (or by `capture_all` at start-up, the serving ones) after one eager warm-up run
 that writes what the replay writes again; on CPU, or with graphs off, the same padded inputs
 run eagerly.
