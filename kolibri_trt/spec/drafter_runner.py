@@ -38,10 +38,10 @@ bucket plus one per (S_b, L): 5 + 4 * 5 = 25 for the mini engine (8 streams, con
 that a steady round is one replay call: 2 * 20 = 40 more for the mini engine, 2 * 35 = 70 at
 64 streams (larger commits, after a prefill, replay the two apart). Serving rounds return no
 logits (the heads' argmax reads the head's output: no fp32 copy); a round with logits
-(`step(..., logits=True)`, tests) is its own graph, key ("round", S_b, L, True). Each graph is captured
-on first use (or by `capture_all` at start-up, the serving ones) after one eager warm-up run
-that writes what the replay writes again; on CPU, or with graphs off, the same padded inputs
-run eagerly.
+(`step(..., logits=True)`, tests) is its own graph, key ("round", S_b, L, True). Each graph
+is captured on first use (or by `capture_all` at start-up, the serving ones) after one eager
+warm-up run that writes what the replay writes again; on CPU, or with graphs off, the same
+padded inputs run eagerly.
 """
 
 from __future__ import annotations
