@@ -79,10 +79,11 @@
 #   PART=p bash bench/gpu_session.sh   launch_costs again, with the round's index upload and
 #       taps copy before its replays, as in the engine (~1 min).
 #                                                               carry: engines/carry-b.tar.xz
-#   PART=q bash bench/gpu_session.sh   (next) are the engine's slow graph replays first launches?
+#   PART=q bash bench/gpu_session.sh   are the engine's slow graph replays first launches?
 #       profile_generate's split (d_replay: the drafter's replays apart) without and with
 #       --replay-after-capture, then the acceptance eval (greedy, 2 prompts per category, 128
-#       tokens, medians of 2) both ways (~5 min).
+#       tokens, medians of 2) both ways (~5 min). The flag changed nothing and is gone since:
+#       this part runs on code 60624a1 only.
 #                                                               carry: engines/carry-b.tar.xz
 #   PART=r bash bench/gpu_session.sh   the drafter's ring attention split over the ring rows
 #       (gpu_check ringattn; the round's kernel table), the target's graphs putting the deferred

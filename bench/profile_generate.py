@@ -36,9 +36,7 @@ import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
 
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
-from kolibri_trt.runtime import cuda_graphs  # noqa: E402
 from kolibri_trt.runtime.engine_args import DRAFTS_ON_DEVICE  # noqa: E402
-from kolibri_trt.spec import drafter_runner  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench_question.jsonl"
@@ -227,9 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"])
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
     ap.add_argument("--drafts-on-device", default="auto", choices=list(DRAFTS_ON_DEVICE))
-    ap.add_argument("--replay-after-capture", action="store_true",
-                    help="capture_all replays each graph once (cuda_graphs / drafter_runner "
-                         "REPLAY_AFTER_CAPTURE)")
     ap.add_argument("--warm-runs", type=int, default=0,
                     help="whole untimed generates of the prompts before the timed one")
     ap.add_argument("--gc", default="on", choices=["on", "off", "freeze"],
@@ -237,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
                          "or with the heap so far frozen (gc.freeze, as vLLM does at start-up)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
-    cuda_graphs.REPLAY_AFTER_CAPTURE = drafter_runner.REPLAY_AFTER_CAPTURE = \
-        args.replay_after_capture
     prompts = load_prompts(args.prompts_file, per_category=args.per_category,
                            categories=tuple(args.categories))
     if not prompts:

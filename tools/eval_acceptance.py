@@ -44,9 +44,8 @@ import fast_drafter  # noqa: E402
 
 from kolibri_trt import LLM, SamplingParams, sampling  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
-from kolibri_trt.runtime import cuda_graphs  # noqa: E402
 from kolibri_trt.runtime.engine_args import DRAFTS_ON_DEVICE  # noqa: E402
-from kolibri_trt.spec import drafter_runner, plugin_drafter_proposer  # noqa: E402
+from kolibri_trt.spec import plugin_drafter_proposer  # noqa: E402
 from kolibri_trt.spec.metrics import SpecMetrics  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
@@ -246,9 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-stream", choices=("own", "current"), default="current",
                     help="drafter rounds on a CUDA stream of their own or on the current one "
                          "(spec/plugin_drafter_proposer.py, OWN_STREAM)")
-    ap.add_argument("--replay-after-capture", action="store_true",
-                    help="capture_all replays each graph once (cuda_graphs / drafter_runner "
-                         "REPLAY_AFTER_CAPTURE)")
     ap.add_argument("--sampler", choices=("fused", "torch"), default="fused",
                     help="sampled rows through the fused kernel (kolibri_trt.sampling."
                          "FUSED_SAMPLER, the default) or the torch ops")
@@ -263,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         ap.error(f"--repeats: must be >= 1, got {args.repeats}")
     sampling.FUSED_SAMPLER = args.sampler == "fused"
-    cuda_graphs.REPLAY_AFTER_CAPTURE = drafter_runner.REPLAY_AFTER_CAPTURE = \
-        args.replay_after_capture
     plugin_drafter_proposer.OWN_STREAM = args.drafter_stream == "own"
     prompts = load_eval_prompts(args)
     results = run_modes(args, MODES, prompts, args.temperatures)

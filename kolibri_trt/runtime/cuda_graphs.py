@@ -36,11 +36,6 @@ from ..model.metadata import StepMetadata
 from ..model.plugin_model import PluginModel
 
 _FIELDS = ("input_ids", "positions", "full_slots", "sliding_slots")
-# capture_all also replays each graph once right after its capture, on the same padded inputs
-# (a graph's first launch uploads it to the device, cudaGraphUpload's work; done here it does
-# not land on a request's step). Off until measured on the H200 (benches flip it:
-# --replay-after-capture); the same switch is drafter_runner.REPLAY_AFTER_CAPTURE.
-REPLAY_AFTER_CAPTURE = False
 
 
 class PluginRunner:
@@ -138,8 +133,6 @@ class PluginRunner:
                 key = (s_b, t_b, tuple(tap_layers))
                 if key not in self.graphs:
                     self.graphs[key] = self._capture(self._fill(empty, s_b, t_b), tap_layers)
-                    if REPLAY_AFTER_CAPTURE:
-                        self.graphs[key][0].replay()
                     count += 1
                 t_b *= 2
             s_b *= 2

@@ -57,9 +57,6 @@ MIN_COMMIT = 8
 # commits of at most this bucket run in one graph with their round (a step's accepted tokens:
 # at most 1 + num_speculative_tokens rows), saving a replay call per round
 MERGE_COMMIT = 16
-# capture_all replays each graph once right after its capture (runtime/cuda_graphs.py's
-# REPLAY_AFTER_CAPTURE: the first launch's upload happens at start-up); off until measured
-REPLAY_AFTER_CAPTURE = False
 MAX_MODEL_LEN = 4096     # EngineArgs' default
 L_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
 Fields = tuple[list[int], list[int], list[int], list[int]]
@@ -357,8 +354,6 @@ class DrafterRunner:
         for n_b in self.commit_buckets():
             if ("commit", n_b) not in self.graphs:
                 self.graphs[("commit", n_b)] = self._capture(lambda n=n_b: self._commit_step(n))
-                if REPLAY_AFTER_CAPTURE:
-                    self.graphs[("commit", n_b)][0].replay()
                 count += 1
         merged = [n for n in self.commit_buckets() if n <= MERGE_COMMIT]
         for s_b, length in self.round_buckets():
@@ -369,7 +364,5 @@ class DrafterRunner:
             for key, fn in todo.items():
                 if key not in self.graphs:
                     self.graphs[key] = self._capture(fn)
-                    if REPLAY_AFTER_CAPTURE:
-                        self.graphs[key][0].replay()
                     count += 1
         return count
