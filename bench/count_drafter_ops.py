@@ -18,8 +18,8 @@ when they run a kernel on CUDA; (c) from a second pass on the simulated CUDA pat
 `launch` records the kernel name): the aten ops inside the plugins' CUDA bodies, and the
 Triton launches. Estimated launches of a step = Triton + launching glue (b) + launching (c).
 
-Not counted (outside the graphs, once per round whatever the drafter does): the host's taps
-copy, the index upload, the two graph replays, the drafts copy back (`drafter_runner.py`).
+Not counted (outside the graphs, once per round whatever the drafter does): the index upload,
+the graph replays, the drafts copy back (`drafter_runner.py`).
 --where adds, per step, the launching glue grouped by the project function that issued it
 (profiler stack tracing). Limits: those of count_step_ops (launch flags from op names; memsets
 or copies outside aten are not seen).
@@ -90,7 +90,8 @@ def prepared_runner(model, depth: int, streams: int, commit: int, length: int | 
                 f.append(v)
         for f, v in zip(rnd, (5, s, per, base + per)):
             f.append(v)
-    runner.step([taps], rows, com, rnd)
+    runner.history[:rows].copy_(taps)      # rows 0 .. rows - 1 of the taps history
+    runner.step(com, rnd)
     n_b, s_b = runner.commit_buckets()[0], 1
     while n_b < len(com[0]):
         n_b *= 2

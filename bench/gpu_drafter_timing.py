@@ -83,10 +83,9 @@ def release_shape_timing(attns: list[str], iters: int) -> None:
                     pos = torch.arange(anchor - c.context_window, anchor, device=dev)
                     ring.pos.fill_(-1)
                     ring.pos[:s, pos % r] = pos
-                    taps = torch.randn(s, c.num_taps, c.target_hidden_size, device=dev,
-                                       dtype=torch.bfloat16)
-                    args = ([taps], s, None, ([5] * s, list(range(s)), [anchor] * s,
-                                              list(range(s))))
+                    runner.history.normal_()
+                    args = (None, ([5] * s, list(range(s)), [anchor] * s,
+                                   [runner.history_row(i, anchor) for i in range(s)]))
                     runner.step(*args)
                     torch.cuda.synchronize() if dev != "cpu" else None
                     n = iters if graphs else max(3, iters // 10)
@@ -193,7 +192,8 @@ def _device_and_readback(runner, keys: list[tuple], streams: int, iters: int, ev
 
 
 def _decode_step(prop, tokens: dict, step: torch.Tensor, k: int, ev) -> tuple:
-    """One round of every stream, then each commits k drafts + 1 (taps: views of `step`).
+    """One round of every stream, then each commits k drafts + 1 (taps: rows of `step`,
+    written into the taps history by `observe`).
     Returns (wall s of propose_batch, CUDA-event s from its start to its end, observe s)."""
     if ev:
         torch.cuda.synchronize()

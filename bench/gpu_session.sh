@@ -108,6 +108,14 @@
 #       the host before the target pass (--drafts-on-device off) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
 #   PART=b bash bench/gpu_session.sh   speed (~8 min): full-size decode / verify / profile, the
+#   PART=w bash bench/gpu_session.sh   the taps history written by the target's passes
+#       (DrafterRunner.history, PluginRunner.use_taps_sink): the drafter round's graphs
+#       (replay == eager bits), gpu_runtime's lossless modes (T = 0 and 0.8, 1 and 8 streams),
+#       profile_generate's split, the short acceptance eval (~9 min); one archive back
+#       ($OUT/w_results.tar.gz).                                carry: engines/carry-b.tar.xz
+#   PART=x bash bench/gpu_session.sh   PART u's chat and German eval (8 prompts each, 192
+#       tokens, greedy and T = 0.8, medians of 3), "always" and adaptive gate (~7 min).
+#                                                               carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -348,6 +356,28 @@ case "${PART:-}" in
     evalmini acceptance_host 300 --categories mt_bench translation --per-category 8 \
       --humaneval 0 --max-tokens 192 --repeats 3 --drafts-on-device off \
       --json "$OUT/eval_host.json"
+    ;;
+  w)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only graphs round
+    step runtime 270 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
+      --out "$OUT/profile"
+    shorteval acceptance 100 --json "$OUT/eval_h200.json"
+    tar -C "$OUT" -czf /tmp/w_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/w_results.tar.gz "$OUT/"
+    ;;
+  x)
+    unpack carry-b
+    evalmini acceptance 240 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
+    evalmini acceptance_adaptive 200 --categories mt_bench translation --per-category 8 \
+      --humaneval 0 --max-tokens 192 --repeats 3 --drafter-gate adaptive \
+      --json "$OUT/eval_adaptive.json"
     ;;
   b)
     unpack carry-b

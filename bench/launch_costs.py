@@ -13,7 +13,7 @@ synchronised before each iteration, as after a step's verification:
   current one;
 - round then target: both, back to back, with no sync between (the deferred drafts' order),
   the round on its own stream (the target's stream waiting for it) or on the current one;
-  and after the round's index upload (pinned host -> device) and taps copy, as in the engine;
+  and after the round's index upload (pinned host -> device), as in the engine;
 - the same with the GPU busy (a spin kernel ahead of the calls) or the host's caches cold (64 MiB
   swept before each iteration): is either why the engine's calls cost more than these?
 - fill: the target runner's `_fill` (host mirror, one upload) and `_fill_host` alone, on the
@@ -113,18 +113,13 @@ def graph_cases(llm, iters: int, sync) -> dict:
         d.idx.copy_(d.stage, non_blocking=True)
         d.uploaded.record()
 
-    def taps_copy():    # the round's taps rows, as DrafterRunner does for one piece
-        d.taps[:4].copy_(d.taps[4:8])
-
-    out["upload, taps, round (current stream)"] = time_calls(
-        {"upload": upload, "taps": taps_copy, "commit": commit.replay, "round": rnd.replay},
-        iters, sync)
-    step = {"upload": upload, "taps": taps_copy, "commit": commit.replay, "round": rnd.replay,
+    out["upload, round (current stream)"] = time_calls(
+        {"upload": upload, "commit": commit.replay, "round": rnd.replay}, iters, sync)
+    step = {"upload": upload, "commit": commit.replay, "round": rnd.replay,
             "target": target[8].replay}
-    out["upload, taps, round, target T_b=8, GPU busy"] = time_calls(step, iters, sync,
-                                                                    busy_gpu)
-    out["upload, taps, round, target T_b=8, host caches cold"] = time_calls(step, iters, sync,
-                                                                            cold_host)
+    out["upload, round, target T_b=8, GPU busy"] = time_calls(step, iters, sync, busy_gpu)
+    out["upload, round, target T_b=8, host caches cold"] = time_calls(step, iters, sync,
+                                                                      cold_host)
     out["upload, round, target T_b=8 (current stream)"] = time_calls(
         {"upload": upload, "commit": commit.replay, "round": rnd.replay,
          "target": target[8].replay}, iters, sync)

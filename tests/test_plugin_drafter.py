@@ -183,19 +183,20 @@ def _rounds(prop, **drive_args):
 
 
 def test_reused_static_buffers_give_the_drafts_of_fresh_ones(engines):
-    """The runner's static taps / index buffers are reused across rounds of different sizes
+    """The runner's static index buffers are reused across rounds of different sizes
     (streams 4, 2, 4, ...; commits of 1 .. 30 rows; max_commit 8: commits in chunks): every
     round's drafts and logits equal, bit for bit, those of a fresh runner (zeroed buffers, the
-    same ring) per round, and those of unchunked commits."""
+    same ring and taps history) per round, and those of unchunked commits."""
     _, reused = _proposers(engines["bf16"], 2, max_commit=8)
     _, fresh = _proposers(engines["bf16"], 2, max_commit=8)
     _, whole = _proposers(engines["bf16"], 2)
     inner = fresh.propose_tensors
 
     def with_fresh_runner(items):
-        ring = fresh.runner.ring
+        ring, history = fresh.runner.ring, fresh.runner.history     # the streams' state
         fresh.runner = DrafterRunner(fresh.drafter, 2, 8, use_graphs=False, max_commit=8)
         fresh.runner.ring = ring
+        fresh.runner.share_history(history)
         return inner(items)
 
     fresh.propose_tensors = with_fresh_runner
@@ -211,7 +212,7 @@ def test_reused_static_buffers_give_the_drafts_of_fresh_ones(engines):
 
 
 def test_padding_rows_and_streams_write_nothing(engines):
-    """Stale indices in the static buffers (a slot, positions and taps rows of an earlier
+    """Stale indices in the static buffers (a slot, positions and history rows of an earlier
     step) must not leak into padding: a round of 3 streams (one padding stream) committing 14
     rows (2 padding rows) over buffers poisoned with stream x's slot leaves x's ring rows
     untouched and drafts as over clean buffers."""
@@ -233,7 +234,7 @@ def test_padding_rows_and_streams_write_nothing(engines):
     runner.idx[1].fill_(x)
     runner.idx[2].fill_(3)
     runner.idx[3].fill_(1)
-    runner.taps.normal_()
+    runner.history[runner.spare:].normal_()     # the spare rows
     ring = runner.ring
     before = [t[x].clone() for t in (*ring.k, *ring.v, ring.pos)]
     items = [(rid, tokens[rid]) for rid in "abc"]
@@ -242,10 +243,8 @@ def test_padding_rows_and_streams_write_nothing(engines):
     assert runner.last_key[1] == 4 and ("commit", 16) in runner.used    # padded: 3 -> 4, 14 -> 16
     assert all(torch.equal(b, t[x]) for b, t in zip(before, (*ring.k, *ring.v, ring.pos)))
     assert torch.equal(d, d2) and torch.equal(lg, lg2)
-    for rid in "abc":       # after a round a stream keeps only its anchor's taps row
-        st = dirty.streams[rid]
-        assert [(s, t.shape[0]) for s, t in st.pending] == [(st.kv_end, 1)]
-        assert st.kv_end == len(tokens[rid]) - 2
+    for rid in "abc":       # after a round the context rows up to the anchor are committed
+        assert dirty.streams[rid].kv_end == len(tokens[rid]) - 2
 
 
 def test_rounds_without_logits_give_the_same_drafts(engines):
@@ -354,3 +353,55 @@ def test_engine_args_pick_the_drafter_attention(engines, off_tokens):
         assert [o.token_ids for o in llm.generate(PROMPTS, p)] == want
     with pytest.raises(ValueError, match="drafter_attention"):
         LLM(engines["fp8-nvfp4"], speculative="drafter", drafter_attention="flash")
+
+
+def test_taps_history_rows_wrap_and_keep_the_last_context_window(engines):
+    """`DrafterRunner`'s taps history: taps written in pieces of 1 .. W + 2 rows (W =
+    context_window + step_tokens rows per slot, so the slot's rows wrap several times) leave
+    every one of the last context_window + 1 positions at `history_row`, other slots
+    untouched; `history_dst` marks -1 the rows a long pass does not keep, and all rows of a
+    stream without a slot."""
+    _, prop = _proposers(engines["bf16"], 1, max_streams=3)
+    runner = DrafterRunner(prop.drafter, 1, 3, use_graphs=False, step_tokens=4)
+    cfg, w = prop.drafter.config, runner.history_rows
+    assert w == CONTEXT_WINDOW + 4
+    g = torch.Generator().manual_seed(3)
+    taps = torch.randn(3 * w + 5, cfg.num_taps, cfg.target_hidden_size, generator=g
+                       ).to(torch.bfloat16)
+    start = 0
+    for n in (1, 5, w + 2, 2, w, 3, 7, 4, 1000):
+        n = min(n, taps.shape[0] - start)
+        runner.write_history(1, start, taps[start:start + n])
+        start += n
+    assert start == taps.shape[0]
+    last = taps.shape[0] - 1
+    for q in range(last - CONTEXT_WINDOW, last + 1):
+        assert torch.equal(runner.history[runner.history_row(1, q)], taps[q])
+    others = torch.cat([runner.history[:w], runner.history[2 * w:]])
+    assert (others == 0).all()
+    dst = runner.history_dst(2, 30, 20)
+    assert dst[:20 - (CONTEXT_WINDOW + 1)] == [-1] * (20 - CONTEXT_WINDOW - 1)
+    assert dst[-(CONTEXT_WINDOW + 1):] == [runner.history_row(2, q) for q in range(41, 50)]
+    assert runner.history_dst(None, 5, 3) == [-1, -1, -1]
+
+
+@pytest.mark.parametrize("mode", ["drafter", "copy+drafter"])
+def test_taps_written_by_the_target_give_the_drafts_of_observed_taps(engines, mode):
+    """The engine's target passes write the taps into the drafter's history themselves
+    (`PluginRunner.use_taps_sink`, `PluginDrafterProposer.taps_dst`); with the sink switched
+    off the taps come back and `observe` writes them: every round drafts the same tokens
+    either way (prefill chunks of 16, streams longer than the history's rows)."""
+    logs = []
+    for sink in (True, False):
+        llm = LLM(engines["fp8-nvfp4"], speculative=mode, model_impl="plugins",
+                  max_num_batched_tokens=16)
+        prop, log = llm.engine.speculator.drafter, []
+        assert llm.engine.runner.taps_sink is prop.runner.history
+        if not sink:
+            llm.engine.runner.taps_sink = None
+        inner = prop.propose_batch
+        prop.propose_batch = lambda items, inner=inner, log=log: log.append(inner(items)) \
+            or log[-1]
+        llm.generate(PROMPTS, SamplingParams(max_tokens=3 * CONTEXT_WINDOW, ignore_eos=True))
+        logs.append(log)
+    assert len(logs[0]) > 5 and logs[0] == logs[1]

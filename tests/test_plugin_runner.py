@@ -82,6 +82,55 @@ def test_padded_bucket_step_equals_unpadded_step(engines):
         eng.abort(rid)
 
 
+def _running_streams(eng, n: int, max_tokens: int = 8):
+    """Add PROMPTS[:n] and step until all n streams decode one token per step."""
+    for p in PROMPTS[:n]:
+        eng.add_request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    while any(s.num_pending != 1 for s in eng.scheduler.running) or len(eng.scheduler.running) < n:
+        eng.step()
+    return list(eng.scheduler.running)
+
+
+def test_taps_sink_gets_the_taps_a_step_returns(engines):
+    """use_taps_sink: a bucketed step (3 streams of 1, 4, 1 tokens) and an eager one (a
+    16-token chunk, past max_q_len) write into the sink's rows taps_dst[i] exactly the taps
+    rows they return without a sink (bit for bit), nothing where taps_dst is -1, and padding
+    only into the spare rows; taps_dst without a sink, or of the wrong length, raises."""
+    llm = LLM(engines["fp8"], speculative="off", model_impl="plugins")
+    eng, taps = llm.engine, (0, 1)
+    runner: PluginRunner = eng.runner
+    seqs = _running_streams(eng, 3)
+    for s in seqs:
+        eng.scheduler.blocks.grow(s, s.num_computed + 16)
+    g = eng.cache.geometry
+    steps = [build_metadata([ScheduledSeq(s, s.num_computed, 1) for s in seqs], g.block_size,
+                            g.ring_blocks, {seqs[1].request_id: [5, 6, 7]}),
+             build_metadata([ScheduledSeq(seqs[0], 0, 16)], g.block_size, g.ring_blocks)]
+    assert runner.bucket(steps[0]) is not None and runner.bucket(steps[1]) is None
+    want = [runner.forward(m, taps)[1] for m in steps]
+    with pytest.raises(ValueError, match="^taps_dst"):
+        runner.forward(steps[0], taps, taps_dst=[0] * 6)          # no sink yet
+    spare = 40
+    sink = torch.full((spare + runner.max_t, 2, eng.config.hidden_size), 7.0,
+                      dtype=torch.bfloat16)
+    runner.use_taps_sink(sink, spare)
+    with pytest.raises(ValueError, match="^taps_dst"):
+        runner.forward(steps[0], taps, taps_dst=[0] * 5)          # 6 tokens
+    for meta, w in zip(steps, want):
+        t = meta.num_tokens
+        dst = [-1 if i % 3 == 2 else 2 * i for i in range(t)]
+        sink[:spare] = 7.0
+        logits, none = runner.forward(meta, taps, taps_dst=dst)
+        assert none is None and logits.shape[0] == int(meta.logits_rows.shape[0])
+        for i, d in enumerate(dst):
+            if d >= 0:
+                assert torch.equal(sink[d], w[i])
+        kept = {d for d in dst if d >= 0}
+        assert all((sink[r] == 7.0).all() for r in range(spare) if r not in kept)
+    for rid in list(eng.requests):
+        eng.abort(rid)
+
+
 def test_fill_gives_every_row_an_owner_and_writes_nothing_for_padding(engines):
     llm = LLM(engines["fp8"], speculative="off", model_impl="plugins", max_num_seqs=8)
     runner: PluginRunner = llm.engine.runner

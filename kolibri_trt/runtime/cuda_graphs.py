@@ -66,7 +66,8 @@ class PluginRunner:
                   "full_block_tables": ((n, self.width), torch.int32),
                   "sliding_block_tables": ((n, self.width), torch.int32),
                   "draft_dst": ((self.max_t,), torch.long),
-                  "draft_src": ((self.max_t,), torch.long)}
+                  "draft_src": ((self.max_t,), torch.long),
+                  "taps_dst": ((self.max_t,), torch.long)}
         # the graphs' inputs: views of one device byte buffer, written by one copy per step
         # from a pinned host mirror (CUDA) or in place (CPU)
         self._dev_bytes, self.static = _byte_views(shapes, model.device)
@@ -84,6 +85,28 @@ class PluginRunner:
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self.draft_source: torch.Tensor | None = None   # `use_draft_source`
         self._draft_k = 0                                # draft_dst entries the last step set
+        self.taps_sink: torch.Tensor | None = None      # `use_taps_sink`
+        self._sink_trash = np.zeros(0, dtype=np.int64)  # its spare rows, one per token
+
+    def use_taps_sink(self, sink: torch.Tensor, trash: int) -> None:
+        """Steps given `taps_dst` write their taps into `sink` (bf16 [N, n_taps, H] on the
+        model's device, at a fixed address: `DrafterRunner.history`) themselves, inside the
+        step (in the graph: one index_copy), instead of returning them: row i of the step goes
+        to sink row taps_dst[i] (-1: nowhere; in the graph, padding and -1 rows go to the
+        spare rows trash .. trash + max_t - 1). A bucketed step then needs no copy of its
+        taps. Raises ValueError for a wrong dtype or device, too few spare rows, or once a
+        graph has been captured."""
+        if self.graphs:
+            raise ValueError("use_taps_sink: graphs are captured already")
+        if sink.dtype != torch.bfloat16 or sink.dim() != 3 or sink.device != self.model.device:
+            raise ValueError(f"sink: bf16 [N, n_taps, H] on {self.model.device}, got "
+                             f"{sink.dtype} {tuple(sink.shape)} on {sink.device}")
+        if not 0 <= trash <= sink.shape[0] - self.max_t:
+            raise ValueError(f"trash: rows {trash} .. {trash + self.max_t - 1} must lie in the "
+                             f"sink's {sink.shape[0]} rows")
+        self.taps_sink = sink
+        self._sink_trash = np.arange(trash, trash + self.max_t, dtype=np.int64)
+        self._np["taps_dst"][:] = self._sink_trash
 
     def use_draft_source(self, values: torch.Tensor) -> None:
         """Bucketed steps take their deferred drafts from `values` (int64 [N] on the model's
@@ -140,28 +163,29 @@ class PluginRunner:
 
     @torch.no_grad()
     def forward(self, meta: StepMetadata, tap_layers: tuple[int, ...] = (),
-                draft_ids: tuple[list[int], list[int], torch.Tensor] | None = None
+                draft_ids: tuple[list[int], list[int], torch.Tensor] | None = None,
+                taps_dst: list[int] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp32 logits [R, V] for meta.logits_rows and taps [T, len(tap_layers), H] or None
         (the contract of `ModelRunner.forward`); meta may live on any device.
         draft_ids: (dst, src, values): token dst[i] of the step takes values[src[i]] (values:
         int64 [N] on the model's device, e.g. a drafter round's drafts, which the current
-        stream must be ready to read) instead of meta.input_ids[dst[i]]; dst, src: host ints."""
+        stream must be ready to read) instead of meta.input_ids[dst[i]]; dst, src: host ints.
+        taps_dst: T ints (with `use_taps_sink`): the taps go into the sink's rows taps_dst[i]
+        (-1: nowhere) and None is returned for them. Raises ValueError for taps_dst without a
+        sink or taps, or of the wrong length."""
+        if taps_dst is not None and (self.taps_sink is None or not tap_layers
+                                     or len(taps_dst) != meta.num_tokens):
+            raise ValueError(f"taps_dst: needs use_taps_sink, tap_layers and one row per token "
+                             f"({meta.num_tokens}), got {len(taps_dst)}")
         b = self.bucket(meta)
         if b is None:
-            meta = _to(meta, self.model.device)
-            if draft_ids and draft_ids[0]:
-                dst, src, values = draft_ids
-                dev = self.model.device
-                _put_drafts(meta.input_ids, torch.tensor(dst, device=dev),
-                            torch.tensor(src, device=dev), values)
-            return self.model.forward(meta, self.caches, max(meta.seq_lens_host),
-                                      max(meta.q_lens), tap_layers=tap_layers)
+            return self._forward_eager(meta, tap_layers, draft_ids, taps_dst)
         if (draft_ids and draft_ids[0] and self.draft_source is not None
                 and draft_ids[2].data_ptr() != self.draft_source.data_ptr()):
             raise ValueError("draft_ids: values must be a view of the runner's draft source "
                              "(use_draft_source) from its start")
-        padded = self._fill(meta, *b, draft_ids)
+        padded = self._fill(meta, *b, draft_ids, taps_dst)
         key = (*b, tuple(tap_layers))
         if not self.use_graphs:
             logits, taps = self._run(padded, tap_layers)
@@ -171,14 +195,37 @@ class PluginRunner:
             graph, logits, taps = self.graphs[key]
             graph.replay()
         t = meta.num_tokens
-        return logits[:t].clone(), (None if taps is None else taps[:t].clone())
+        if taps_dst is not None or taps is None:
+            return logits[:t].clone(), None
+        return logits[:t].clone(), taps[:t].clone()
+
+    def _forward_eager(self, meta: StepMetadata, tap_layers, draft_ids, taps_dst):
+        """`forward` of a step outside the buckets, eagerly with its own bounds."""
+        meta, dev = _to(meta, self.model.device), self.model.device
+        if draft_ids and draft_ids[0]:
+            dst, src, values = draft_ids
+            _put_drafts(meta.input_ids, torch.tensor(dst, device=dev),
+                        torch.tensor(src, device=dev), values)
+        logits, taps = self.model.forward(meta, self.caches, max(meta.seq_lens_host),
+                                          max(meta.q_lens), tap_layers=tap_layers)
+        if taps_dst is None:
+            return logits, taps
+        keep = [i for i, d in enumerate(taps_dst) if d >= 0]
+        if keep:
+            rows = taps if len(keep) == len(taps_dst) else taps[torch.tensor(keep, device=dev)]
+            self.taps_sink.index_copy_(0, torch.tensor([taps_dst[i] for i in keep], device=dev),
+                                       rows)
+        return logits, None
 
     def _run(self, padded: StepMetadata, tap_layers):
+        st = self.static
         if self.draft_source is not None:      # all max_t entries; unused ones hit the trash id
-            st = self.static
             _put_drafts(st["input_ids"], st["draft_dst"], st["draft_src"], self.draft_source)
-        return self.model.forward(padded, self.caches, self.max_seq_len, self.max_q_len,
-                                  all_rows=True, tap_layers=tap_layers)
+        logits, taps = self.model.forward(padded, self.caches, self.max_seq_len, self.max_q_len,
+                                          all_rows=True, tap_layers=tap_layers)
+        if self.taps_sink is not None and taps is not None:   # unused rows: spare rows
+            self.taps_sink.index_copy_(0, st["taps_dst"][:taps.shape[0]], taps)
+        return logits, taps
 
     def _capture(self, padded: StepMetadata, tap_layers):
         stream = torch.cuda.Stream()
@@ -210,14 +257,21 @@ class PluginRunner:
             self._dev_bytes.copy_(self._host_bytes, non_blocking=True)
             self._copied.record()
 
-    def _fill(self, meta: StepMetadata, s_b: int, t_b: int, draft_ids=None) -> StepMetadata:
+    def _fill(self, meta: StepMetadata, s_b: int, t_b: int, draft_ids=None,
+              taps_dst: list[int] | None = None) -> StepMetadata:
         """Copy the step into the static buffers, padded to (s_b, t_b); returns views of them
         (`self.static`). Written on the host mirror, then uploaded in one copy; draft_ids
         (`forward`'s): their indices ride in the same copy, then two ops put the values in
-        (inside the step, `_run`, with a draft source)."""
+        (inside the step, `_run`, with a draft source); so do taps_dst (else spare rows)."""
         if self._copied is not None:
             self._copied.synchronize()        # the previous upload has read the mirror
         lens = self._fill_host(meta, s_b, t_b)
+        if self.taps_sink is not None:
+            dst = self._np["taps_dst"]
+            dst[:t_b] = self._sink_trash[:t_b]
+            if taps_dst is not None:
+                got = np.asarray(taps_dst, dtype=np.int64)
+                np.copyto(dst[:len(got)], got, where=got >= 0)
         k = len(draft_ids[0]) if draft_ids else 0
         if k:
             self._np["draft_dst"][:k] = draft_ids[0]

@@ -90,6 +90,9 @@ class LLMEngine:
                                      gate=self.args.drafter_gate, overlap=overlap, defer=defer)
         if self.speculator.defer:       # the target's graphs put the drafts in themselves
             self.runner.use_draft_source(proposer.runner.drafts_out)
+        if isinstance(proposer, PluginDrafterProposer) and isinstance(self.runner, PluginRunner):
+            h = proposer.runner       # the target's passes write the drafter's taps history
+            self.runner.use_taps_sink(h.history, h.spare)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
         self._step_mark: float | None = None     # end of the last timed step (perf_counter)
@@ -106,7 +109,8 @@ class LLMEngine:
                 engine_dir, self.manifest, target, self.device, self.args.drafter_depth,
                 self.args.max_num_seqs,
                 use_graphs=self.device.type == "cuda" and not self.args.enforce_eager,
-                attn=self.args.drafter_attention, max_model_len=self.args.max_model_len)
+                attn=self.args.drafter_attention, max_model_len=self.args.max_model_len,
+                step_tokens=1 + self.args.num_speculative_tokens)
         drafter = load_drafter(engine_dir, self.manifest, target, self.device)
         depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
         return DrafterProposer(drafter, depth)
@@ -203,10 +207,12 @@ class LLMEngine:
                  if it.samples and it.seq.request_id in drafts}
         g = self.cache.geometry
         meta = build_metadata(scheduled, g.block_size, g.ring_blocks, extra)
+        dst = self._taps_dst(scheduled, extra)
+        sink = {} if dst is None else {"taps_dst": dst}
         if deferred is None:
-            logits, taps = self.runner.forward(meta, self.tap_layers)
+            logits, taps = self.runner.forward(meta, self.tap_layers, **sink)
         else:
-            logits, taps = self._forward_deferred(meta, scheduled, extra, deferred)
+            logits, taps = self._forward_deferred(meta, scheduled, extra, deferred, sink)
         verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra)
         outputs = []
         firsts = itertools.accumulate(meta.q_lens, initial=0)
@@ -214,7 +220,7 @@ class LLMEngine:
             seq, rid = item.seq, item.seq.request_id
             seq.num_computed += item.num_tokens
             if not item.samples:
-                self._observe(seq, item.start, taps, first, item.num_tokens, [])
+                self._observe(seq, item.start, taps, first, item.num_tokens, [], dst)
                 continue
             d, sources = extra.get(rid, []), drafts.get(rid, ([], []))[1]
             verdict = verdicts[rid]
@@ -224,17 +230,33 @@ class LLMEngine:
             if not step.output.finished:
                 seq.num_computed += verdict.num_accepted
                 self._observe(seq, item.start, taps, first,
-                              item.num_tokens + verdict.num_accepted, step.new_token_ids)
+                              item.num_tokens + verdict.num_accepted, step.new_token_ids, dst)
             outputs.append(step)
         drafted = any(src[0].startswith("drafter") for _, src in drafts.values() if src)
         self._time_step(drafted, not drafted and bool(extra))
         return outputs
 
+    def _taps_dst(self, scheduled, extra: dict[str, list[int]]) -> list[int] | None:
+        """Where the step's taps go in the drafter's history (`PluginDrafterProposer.taps_dst`,
+        one row per token), when the target's runner writes them there itself (its taps sink
+        is the current proposer's history); else None (the taps come back to `observe`)."""
+        prop = self.speculator.drafter if self.speculator.needs_taps else None
+        if not isinstance(prop, PluginDrafterProposer) \
+                or getattr(self.runner, "taps_sink", None) is not prop.runner.history:
+            return None
+        dst = []
+        for item in scheduled:
+            rid = item.seq.request_id
+            n = item.num_tokens + (len(extra.get(rid, ())) if item.samples else 0)
+            dst += prop.taps_dst(rid, item.start, n)
+        return dst
+
     def _forward_deferred(self, meta, scheduled, extra: dict[str, list[int]],
-                          deferred: DeferredDrafts):
+                          deferred: DeferredDrafts, sink: dict):
         """The target pass with the drafter's drafts taken from the device (`extra` holds
         zeros for them); then their host copy replaces the zeros in `extra`'s lists, for
-        verification. Returns `runner.forward`'s (logits, taps)."""
+        verification. sink: `runner.forward`'s taps_dst, if any. Returns `runner.forward`'s
+        (logits, taps)."""
         width = int(deferred.drafts.shape[1])
         row_of = {rid: i * width for i, rid in enumerate(deferred.request_ids)}
         dst, src, first = [], [], 0
@@ -248,7 +270,7 @@ class LLMEngine:
             first += item.num_tokens + n
         deferred.ready_here()
         out = self.runner.forward(meta, self.tap_layers,
-                                  draft_ids=(dst, src, deferred.drafts.view(-1)))
+                                  draft_ids=(dst, src, deferred.drafts.view(-1)), **sink)
         for rid, tokens in self.speculator.resolve_deferred().items():
             if rid in extra:
                 extra[rid][:] = tokens[:len(extra[rid])]
@@ -315,9 +337,13 @@ class LLMEngine:
         return items
 
     def _observe(self, seq: Sequence, start: int, taps, first: int, n: int,
-                 committed: list[int]) -> None:
+                 committed: list[int], sink: list[int] | None) -> None:
+        """Positions start .. start + n - 1 of `seq` are committed (`committed`: its new
+        tokens); their taps are rows first .. of `taps`, or in the drafter's history
+        already (sink: the step's taps_dst)."""
         rows = None if taps is None else taps[first:first + n]
-        self.speculator.observe(seq.request_id, start, rows, committed)
+        self.speculator.observe(seq.request_id, start, rows, committed,
+                                n if sink is not None else 0)
 
     def _record(self, step: StepOutput, sources: list[str], accepted: int) -> None:
         m = step.output.metrics.spec

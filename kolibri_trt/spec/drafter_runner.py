@@ -4,34 +4,35 @@ graphs (the engine of `PluginDrafterProposer`, `plugin_drafter_proposer.py`).
 A round (`step`) is two batched steps of `DrafterPlugin`:
 1. commit: N context rows into the ring (`DrafterPlugin.commit`);
 2. round: `depth` passes for S streams (`DrafterPlugin.propose`).
-Both take their taps rows from one static buffer `taps` (bf16 [max_commit + max_s, n_taps,
-Ht]), which the host fills with one copy per round (`torch.cat` of the round's pieces, or
-`copy_` of a single piece); each step gathers its rows by index inside its graph, so a
-stream's rows lo .. p (commit rows, then the anchor) stay one piece, usually a whole tensor
-observed earlier. The int64 indices of both steps live in one static buffer `idx` [6,
-max_commit + depth * max_s * B], columns: the commit's (max_commit), then the round's. Commit
-column i, rows: next id, slot, position, taps row, ring row (position % R), RoPE table row
-(the position, 0 for padding's -1). Round, stream s of a bucket of S_b streams: rows 0, 1, 3
-column s: next id, slot, taps row; row 2 [depth, S_b]: pass r's anchor p + r*B; rows 4, 5
-[depth, S_b, B]: block row j's position p + r*B + j (also its RoPE table row) and ring row
-(each pass's [S_b] / [S_b, B] slice contiguous, as the plugins take them). Everything that
-depends only on positions is computed here on the host (numpy), so the graphed steps run no
-remainder, add or RoPE op: one index_select of the RoPE table (`DrafterPlugin.rope_table`,
-positions 0 .. max_model_len + depth*B - 1, made once) per step. On CUDA the host writes them
-into a pinned copy (`stage`) and uploads it with one non-blocking copy; on CPU `stage` is
-`idx`, written in place.
+Both take their taps rows from the taps history `history` (bf16 [slots * W + spare rows,
+n_taps, Ht], W = `history_rows` = context_window + step_tokens rows per ring slot; position q
+of the stream in slot s is row s * W + q % W; the spare rows, from `spare` on, take a
+target step's padding): the target's passes write it (inside their graphs:
+`PluginRunner.use_taps_sink`; or `write_history` from a taps tensor), each step gathers its
+rows by index inside its graph, so a round copies no taps. A pass of at most step_tokens
+tokens per stream overwrites only positions more than context_window behind its first one,
+which no later round reads (a commit reaches at most context_window back). The int64 indices
+of both steps live in one static buffer `idx` [6, max_commit + depth * max_s * B], columns:
+the commit's (max_commit), then the round's. Commit column i, rows: next id, slot, position,
+history row, ring row (position % R), RoPE table row (the position, 0 for padding's -1).
+Round, stream s of a bucket of S_b streams: rows 0, 1, 3 column s: next id, slot, history row
+of the anchor; row 2 [depth, S_b]: pass r's anchor p + r*B; rows 4, 5 [depth, S_b, B]: block
+row j's position p + r*B + j (also its RoPE table row) and ring row (each pass's [S_b] /
+[S_b, B] slice contiguous, as the plugins take them). Everything that depends only on
+positions is computed here on the host (numpy), so the graphed steps run no remainder, add or
+RoPE op: one index_select of the RoPE table (`DrafterPlugin.rope_table`, positions 0 ..
+max_model_len + depth*B - 1, made once) per step. On CUDA the host writes them into a pinned
+copy (`stage`) and uploads it with one non-blocking copy; on CPU `stage` is `idx`, written in
+place.
 
-Device operations per round on CUDA: 1 copy of the taps rows, 1 index upload, 1 graph replay
-(2 after a commit of more than MERGE_COMMIT rows), and (`read_drafts`, `propose_batch`) 1 copy
-of the drafts into pinned memory, then 1 event wait: the round's only host sync. (Before: 2
-taps cats, 2 `torch.tensor` + pageable index copies, each a full stream sync, 2 replays and
-`.tolist()` of a device tensor: 7 device operations and 3 syncs per round, the second of
-which waited for the commit.)
+Device operations per round on CUDA: 1 index upload, 1 graph replay (2 after a commit of more
+than MERGE_COMMIT rows), and (`read_drafts`, `propose_batch`) 1 copy of the drafts into
+pinned memory, then 1 event wait: the round's only host sync.
 
 Buckets: commit N rows -> N_b = next power of two >= 8, at most `max_commit` (larger commits
 run in chunks); round S streams -> S_b = next power of two, and L ring rows attended = the
 smallest of 256, 512, ... >= max(p) + depth*B, or R (all). Padding rows and streams use the
-ring's trash slot (slot trash, position -1 / anchor 0, taps row 0). Graphs: one per commit
+ring's trash slot (slot trash, position -1 / anchor 0, history row 0). Graphs: one per commit
 bucket plus one per (S_b, L): 5 + 4 * 5 = 25 for the mini engine (8 streams, context window
 2048, depth 1), 8 + 7 * 5 = 43 at 64 streams; plus, for commits of at most MERGE_COMMIT rows
 (a decode step's accepted tokens), one graph per (N_b, S_b, L) holding commit and round, so
@@ -58,22 +59,13 @@ MIN_COMMIT = 8
 # at most 1 + num_speculative_tokens rows), saving a replay call per round
 MERGE_COMMIT = 16
 MAX_MODEL_LEN = 4096     # EngineArgs' default
+STEP_TOKENS = 17         # 1 + EngineArgs' num_speculative_tokens default (8), with room
 L_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
 Fields = tuple[list[int], list[int], list[int], list[int]]
 
 
 def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def _runs(flat: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
-    """Views of flat [T, ...] holding `rows` (ascending) in order, one per consecutive run."""
-    out, first = [], 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or rows[i] != rows[i - 1] + 1:
-            out.append(flat[rows[first]:rows[i - 1] + 1])
-            first = i
-    return out
 
 
 class DrafterRunner:
@@ -84,16 +76,23 @@ class DrafterRunner:
     bucket (rows); None: next power of two of 16 per slot; length_buckets: the ring lengths
     a round may attend below R; max_model_len: tokens per stream (the engine's), so positions
     < max_positions = max_model_len + depth * B: the RoPE table's rows (`step` raises
-    ValueError naming max_model_len for a position beyond).
+    ValueError naming max_model_len for a position beyond); step_tokens: most tokens of one
+    stream a target pass writes into the taps history at once (1 + num_speculative_tokens;
+    longer passes keep only their last context_window + 1 rows: `history_rows`).
+    Memory of the history: about (num_slots + 1) * (context_window + step_tokens) * n_taps *
+    Ht * 2 bytes (mini engine, 8 slots: 27 MB).
     """
 
     def __init__(self, model: DrafterPlugin, depth: int, num_slots: int,
                  use_graphs: bool = True, max_commit: int | None = None,
-                 length_buckets: tuple[int, ...] = L_BUCKETS, max_model_len: int = MAX_MODEL_LEN):
+                 length_buckets: tuple[int, ...] = L_BUCKETS, max_model_len: int = MAX_MODEL_LEN,
+                 step_tokens: int = STEP_TOKENS):
         if depth < 1:
             raise ValueError(f"depth: must be >= 1, got {depth}")
         if max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {max_model_len}")
+        if step_tokens < 1:
+            raise ValueError(f"step_tokens: must be >= 1, got {step_tokens}")
         if use_graphs and model.device.type != "cuda":
             raise ValueError(f"use_graphs: CUDA graphs need a CUDA model, got {model.device}")
         c, dev = model.config, model.device
@@ -104,8 +103,12 @@ class DrafterRunner:
         self.max_commit = mc = max(MIN_COMMIT, _pow2(max_commit or 16 * self.max_s))
         self.max_positions = max_model_len + depth * c.block_size
         self.rope = model.rope_table(self.max_positions)     # kept: the graphs read it
-        self.taps = torch.zeros(mc + self.max_s, c.num_taps, c.target_hidden_size,
-                                dtype=torch.bfloat16, device=dev)
+        self.history_rows = c.context_window + step_tokens        # W, per ring slot
+        # after the slots' rows: spare rows, one per token of a padded target step at most
+        self.spare = num_slots * self.history_rows
+        spare_rows = max(self.history_rows, _pow2(num_slots) * _pow2(step_tokens))
+        self.history = torch.zeros(self.spare + spare_rows, c.num_taps,
+                                   c.target_hidden_size, dtype=torch.bfloat16, device=dev)
         cols = mc + depth * self.max_s * c.block_size
         self.idx = torch.zeros(6, cols, dtype=torch.long, device=dev)
         self.c_idx, self.r_idx = self.idx[:, :mc], self.idx[:, mc:]
@@ -135,6 +138,50 @@ class DrafterRunner:
     def num_slots(self) -> int:
         return self.ring.trash
 
+    # ---- the taps history ---------------------------------------------------------------
+    def history_row(self, slot: int, position: int) -> int:
+        """The history row of `position` of the stream in ring slot `slot`."""
+        return slot * self.history_rows + position % self.history_rows
+
+    def history_dst(self, slot: int | None, start: int, n: int) -> list[int]:
+        """History rows for a target pass's taps of positions start .. start + n - 1 of the
+        stream in `slot` (None: a stream without drafter state): -1 for rows not kept (all
+        without a slot; else those more than context_window + 1 behind the last position, so
+        that no two rows of one pass meet in the ring)."""
+        if slot is None:
+            return [-1] * n
+        keep = self.model.config.context_window + 1
+        w, base = self.history_rows, slot * self.history_rows
+        skip = max(0, n - keep)
+        return [-1] * skip + [base + q % w for q in range(start + skip, start + n)]
+
+    def share_history(self, history: torch.Tensor) -> None:
+        """Use `history` (another runner's, of the same shape, dtype and device: a target
+        runner writes into it) as this runner's taps history. Raises ValueError on a mismatch
+        or once a graph has been captured (graphs read the history's address)."""
+        if self.graphs:
+            raise ValueError("share_history: graphs are captured already")
+        h = self.history
+        if (history.shape, history.dtype, history.device) != (h.shape, h.dtype, h.device):
+            raise ValueError(f"history: {h.dtype} {tuple(h.shape)} on {h.device} needed, got "
+                             f"{history.dtype} {tuple(history.shape)} on {history.device}")
+        self.history = history
+
+    @torch.no_grad()
+    def write_history(self, slot: int, start: int, taps: torch.Tensor) -> None:
+        """Write taps bf16 [n, n_taps, Ht] of positions start .. start + n - 1 of the stream in
+        `slot` into the history (its last context_window + 1 rows: at most two slice copies,
+        on the current stream)."""
+        keep = self.model.config.context_window + 1
+        if taps.shape[0] > keep:
+            start, taps = start + taps.shape[0] - keep, taps[-keep:]
+        w, base, done = self.history_rows, slot * self.history_rows, 0
+        while done < taps.shape[0]:
+            a = (start + done) % w
+            m = min(taps.shape[0] - done, w - a)
+            self.history[base + a:base + a + m].copy_(taps[done:done + m])
+            done += m
+
     # ---- buckets -------------------------------------------------------------------------
     def length_bucket(self, max_anchor: int) -> int:
         """Ring rows a round attends: every position it touches is < max_anchor + depth*B."""
@@ -162,15 +209,16 @@ class DrafterRunner:
 
     # ---- a round -------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, pieces: list[torch.Tensor], rows: int, commit: Fields | None,
-             rnd: Fields, logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(self, commit: Fields | None, rnd: Fields, logits: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Commit N context rows, then one round for S streams; nothing waits for the device.
 
-        pieces: taps, bf16 [k_i, n_taps, Ht] on the model's device, `rows` = sum k_i rows in
-        order; commit: (next ids, slots, positions, taps rows), N ints each: commit row i is
+        commit: (next ids, slots, positions, history rows), N ints each: commit row i is
         position positions[i] of the stream in ring slot slots[i], with next token next_ids[i]
-        and the taps of row taps_rows[i] of the pieces (None or empty lists: no commit);
-        rnd: (next ids, slots, anchors, taps rows), S ints each. Returns drafts int64
+        and the taps of `history` row history_rows[i] (`history_row`; None or empty lists: no
+        commit); rnd: (next ids, slots, anchors, history rows), S ints each; the history rows
+        must hold those positions' taps (written before, on the stream the round runs on).
+        Returns drafts int64
         [S, depth*B] (target ids) and, with logits, fp32 logits [S, depth*B, Vd] (else None)
         on the device (views of static outputs under graphs: valid until the next step).
         ValueError naming max_model_len when a position reaches max_positions (no RoPE row)."""
@@ -183,27 +231,15 @@ class DrafterRunner:
             raise ValueError(f"max_model_len: a round reaches position {top}, the runner's RoPE "
                              f"table holds positions < {self.max_positions} (max_model_len + "
                              f"depth * block_size)")
-        if n > self.max_commit:
-            pieces, rows, rnd = self._commit_chunks(pieces, commit, rnd)
+        if n > self.max_commit:       # in chunks of max_commit rows, each its own commit step
+            mc = self.max_commit
+            for a in range(0, n, mc):
+                self._launch(tuple(f[a:a + mc] for f in commit), None)
             n = 0
-        return self._launch(pieces, rows, commit if n else None, rnd, logits)
+        return self._launch(commit if n else None, rnd, logits)
 
-    def _commit_chunks(self, pieces, commit: Fields, rnd: Fields):
-        """A commit of more than max_commit rows, in chunks of max_commit rows (each its own
-        commit step). Returns the round's pieces (the anchors' rows), rows and fields."""
-        flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        nxt, slots, pos, src = commit
-        mc = self.max_commit
-        for a in range(0, len(nxt), mc):
-            b = min(len(nxt), a + mc)
-            self._launch(_runs(flat, src[a:b]), b - a,
-                         (nxt[a:b], slots[a:b], pos[a:b], list(range(b - a))), None)
-        s = len(rnd[0])
-        return _runs(flat, rnd[3]), s, (rnd[0], rnd[1], rnd[2], list(range(s)))
-
-    def _launch(self, pieces, rows: int, commit: Fields | None, rnd: Fields | None,
-                logits: bool = False):
-        """Stage the indices, copy the taps rows, upload, replay the commit and round steps."""
+    def _launch(self, commit: Fields | None, rnd: Fields | None, logits: bool = False):
+        """Stage the indices, upload them, replay the commit and round steps."""
         if self.uploaded is not None:
             self.uploaded.synchronize()     # the stage's last upload is done (no-op in rounds)
         if commit is not None:
@@ -212,10 +248,6 @@ class DrafterRunner:
         if rnd is not None:
             s, s_b = len(rnd[0]), _pow2(len(rnd[0]))
             self._stage_round(rnd, s_b)
-        if len(pieces) == 1:
-            self.taps[:rows].copy_(pieces[0])
-        else:
-            torch.cat(pieces, out=self.taps[:rows])
         if self.uploaded is not None:
             self.idx.copy_(self.stage, non_blocking=True)
             self.uploaded.record()
@@ -259,10 +291,10 @@ class DrafterRunner:
         st[2, :self.depth * s_b] = pos[:, :, 0].reshape(-1)
 
     def _commit_step(self, n_b: int):
-        """The graphed commit of bucket n_b: the taps rows and RoPE rows gathered, then
+        """The graphed commit of bucket n_b: the history rows and RoPE rows gathered, then
         `DrafterPlugin.commit` over the staged indices (`_stage_commit`)."""
         i = self.c_idx
-        taps = self.taps.index_select(0, i[3, :n_b])
+        taps = self.history.index_select(0, i[3, :n_b])
         rope = self.rope.index_select(0, i[5, :n_b])                  # [N_b, 2, 2, D/2]
         self.model.commit(self.ring, taps, i[0, :n_b], i[1, :n_b], i[2, :n_b], i[4, :n_b], rope)
         return None
@@ -273,7 +305,7 @@ class DrafterRunner:
         return self._round_step(s_b, length, logits)
 
     def _round_step(self, s_b: int, length: int, logits: bool = False):
-        """The graphed round of bucket (s_b, length): the taps rows and every pass's RoPE
+        """The graphed round of bucket (s_b, length): the history rows and every pass's RoPE
         rows gathered (one index_select each), then `DrafterPlugin.propose` over the staged
         indices (`_stage_round`). Returns its (drafts, logits or None); the drafts also go
         into `drafts_out`."""
@@ -282,7 +314,7 @@ class DrafterRunner:
         rope = self.rope.index_select(0, i[4, :n]).view(d, s_b * b, *self.rope.shape[1:])
         index = RoundIndex(i[2, :d * s_b].view(d, s_b), i[4, :n].view(d, s_b, b),
                            i[5, :n].view(d, s_b, b), rope)
-        taps = self.taps.index_select(0, i[3, :s_b])
+        taps = self.history.index_select(0, i[3, :s_b])
         drafts, out = self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], index, length,
                                          logits)
         self.drafts_out[:drafts.numel()].view_as(drafts).copy_(drafts)

@@ -6,25 +6,24 @@ Per round (one `propose_batch`) the proposer hands the runner one step (`Drafter
    (kv_end .. p - 1, at most context_window back; what `DrafterProposer._extend_context`
    does per stream) -> one write into the ring (`DrafterPlugin.commit`);
 2. round: `depth` passes for all drafting streams (`DrafterPlugin.propose`).
-The taps go as pieces, per stream the rows lo .. p (commit rows, then the anchor): in steady
-decoding the anchor's row kept from the last round plus the step's observed tensor, whole.
-Host work per round: one pass over the ready streams (constant per stream but for the ints of
-its commit rows: next ids, slots, positions), the runner's one taps copy, one index upload,
-one graph replay (commit and round merged; two after a long commit), and (`propose_batch`)
-one copy of the drafts back, the round's only sync.
+The taps of every observed position sit in the runner's taps history (`DrafterRunner.history`,
+one block of rows per ring slot), written by the target's passes themselves (the engine's
+`PluginRunner.use_taps_sink`: rows from `taps_dst`) or by `observe` from a taps tensor; a round
+names rows of it. Host work per round: one pass over the ready streams (constant per stream
+but for the ints of its commit rows: next ids, slots, positions, history rows), one index
+upload, one graph replay (commit and round merged; two after a long commit), and
+(`propose_batch`) one copy of the drafts back, the round's only sync.
 
-Taps are not fused at `observe`: the proposer keeps, per stream, the taps (device tensors)
-of the positions it still needs (from kv_end, at most context_window + 1 back) and fuses
-them inside the graphs. Streams map to ring slots, allocated at a stream's first observed
-position and freed by `reset`; when every slot is taken the least recently used stream is
-evicted (it gets no drafts until its prefill is observed again). Use counts rounds and
-observations, so a preempted stream that has not come back goes before a running one.
+Streams map to ring slots, allocated at a stream's first position (`taps_dst` or `observe`
+from position 0) and freed by `reset`; when every slot is taken the least recently used
+stream is evicted (it gets no drafts until its prefill is observed again). Use counts rounds
+and observations, so a preempted stream that has not come back goes before a running one.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -64,13 +63,12 @@ class DeferredDrafts:
 @dataclass
 class _Stream:
     """One stream's drafter state: its ring slot, the positions observed (0 .. num_positions
-    - 1), kv_end (context rows of positions < kv_end are in the ring) and the taps still
-    needed: pieces (start, bf16 [n, n_taps, Ht]) covering [pending_start, num_positions)."""
+    - 1; their taps are in the runner's history) and kv_end (context rows of positions <
+    kv_end are in the ring)."""
 
     slot: int
     num_positions: int = 0
     kv_end: int = 0
-    pending: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     last_used: int = 0
 
 
@@ -140,9 +138,25 @@ class PluginDrafterProposer:
         st = self.streams[request_id] = _Stream(slot, last_used=self._clock)
         return st
 
+    def taps_dst(self, request_id: str, start: int, n: int) -> list[int]:
+        """History rows (`DrafterRunner.history`) where a target pass writes the taps of the
+        stream's positions start .. start + n - 1, -1 for rows not kept (`history_dst`), before
+        `observe(request_id, start, n=...)` counts them. From position 0 the stream (re)starts:
+        a slot is allocated (a stream seen before is reset first: a preemption recomputes);
+        a stream without a slot (evicted) gets -1 everywhere."""
+        if start == 0:
+            self.reset(request_id)
+            st = self._allocate(request_id)
+        else:
+            st = self.streams.get(request_id)
+        return self.runner.history_dst(None if st is None else st.slot, start, n)
+
     @torch.no_grad()
-    def observe(self, request_id: str, start: int, taps: torch.Tensor) -> None:
-        """Committed positions start .. start + n - 1 with their taps [n, n_taps, Ht]."""
+    def observe(self, request_id: str, start: int, taps: torch.Tensor | None = None,
+                n: int | None = None) -> None:
+        """Committed positions start .. start + n - 1: with taps [n, n_taps, Ht] (written into
+        the history here), or without (n given: the target's pass wrote them, `taps_dst`).
+        Raises ValueError for a position out of order or a stream first seen past 0."""
         st = self.streams.get(request_id)
         if st is None:
             if start != 0:
@@ -154,44 +168,13 @@ class PluginDrafterProposer:
             raise ValueError(f"{request_id}: observed position {start}, expected "
                              f"{st.num_positions}")
         st.last_used = self._clock
-        n = int(taps.shape[0])
-        if n == 0:
-            return
-        if taps.device != self.drafter.device or taps.dtype != torch.bfloat16:
-            taps = taps.to(self.drafter.device, torch.bfloat16)
-        st.pending.append((start, taps))     # a view of the step's taps: no copy
+        if taps is not None:
+            n = int(taps.shape[0])
+            if n:
+                with self._on_stream():
+                    self.runner.write_history(st.slot, start, taps.to(
+                        self.drafter.device, torch.bfloat16))
         st.num_positions += n
-        self._trim(st)
-
-    def _trim(self, st: _Stream) -> None:
-        """Drop taps no later round needs (before kv_end and before the last context_window
-        + 1 positions); merge the pieces when there are many (each pins a step's taps)."""
-        need = max(st.kv_end, st.num_positions - 1 - self.drafter.config.context_window)
-        kept = []
-        for start, t in st.pending:
-            end = start + t.shape[0]
-            if end <= need:
-                continue
-            if start < need:
-                t, start = t[need - start:], need
-            kept.append((start, t))
-        if len(kept) > 8:
-            kept = [(kept[0][0], torch.cat([t for _, t in kept]))]
-        st.pending = kept
-
-    def _rows(self, st: _Stream, lo: int, hi: int) -> list[torch.Tensor]:
-        """The taps of positions lo .. hi - 1 as pieces (a piece inside the range whole, else
-        a view); at most 9 pieces to scan (`_trim`)."""
-        out, got = [], 0
-        for start, t in st.pending:
-            n = t.shape[0]
-            a, b = max(lo, start), min(hi, start + n)
-            if a < b:
-                out.append(t if b - a == n else t[a - start:b - start])
-                got += b - a
-        if got != hi - lo:
-            raise RuntimeError(f"drafter: taps of positions {lo}..{hi - 1} are gone")
-        return out
 
     # ---- a round -------------------------------------------------------------------------
     @torch.no_grad()
@@ -216,9 +199,9 @@ class PluginDrafterProposer:
         if batch is None:
             self._inflight = None
             return
-        ready, pieces, rows, commit, rnd = batch
-        with self._on_stream(pieces):
-            drafts, _ = self.runner.step(pieces, rows, commit, rnd)
+        ready, commit, rnd = batch
+        with self._on_stream():
+            drafts, _ = self.runner.step(commit, rnd)
             self._inflight = (ready, self.runner.start_read(drafts), drafts)
 
     def deferred(self) -> DeferredDrafts | None:
@@ -240,16 +223,13 @@ class PluginDrafterProposer:
         return dict(zip(ready, self.runner.finish_read(host)))
 
     @contextmanager
-    def _on_stream(self, pieces: list[torch.Tensor] = ()):
-        """Enqueue on the proposer's stream (CUDA), after the current stream's work so far;
-        the taps pieces it reads are marked in use there (the allocator keeps them until
-        that stream is past them). CPU: nothing changes."""
+    def _on_stream(self):
+        """Enqueue on the proposer's stream (CUDA), after the current stream's work so far
+        (the target pass that wrote the taps). CPU: nothing changes."""
         if self.stream is None:
             yield
             return
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        for t in pieces:
-            t.record_stream(self.stream)
         with torch.cuda.stream(self.stream):
             yield
 
@@ -261,43 +241,37 @@ class PluginDrafterProposer:
         if batch is None:
             return None
         ready, *inputs = batch
-        with self._on_stream(inputs[0]):
+        with self._on_stream():
             drafts, logits = self.runner.step(*inputs, logits=True)
         if self.stream is not None:        # the caller reads them on its stream
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
         return ready, drafts, logits
 
     def _collect(self, items: list[tuple[str, list[int]]]):
-        """The round's inputs for `DrafterRunner.step`: (ready ids, taps pieces, rows, commit
-        fields, round fields), or None when no stream is ready. Marks each ready stream's
-        context rows committed (kv_end = p) and keeps only its anchor's taps."""
-        cw = self.drafter.config.context_window
+        """The round's inputs for `DrafterRunner.step`: (ready ids, commit fields, round
+        fields), or None when no stream is ready. Marks each ready stream's context rows
+        committed (kv_end = p)."""
+        cw, row = self.drafter.config.context_window, self.runner.history_row
         self._clock += 1
-        ready, pieces, rows = [], [], 0
-        commit: tuple = ([], [], [], [])        # next ids, slots, positions, taps rows
-        rnd: tuple = ([], [], [], [])           # next ids, slots, anchors, taps rows
+        ready = []
+        commit: tuple = ([], [], [], [])        # next ids, slots, positions, history rows
+        rnd: tuple = ([], [], [], [])           # next ids, slots, anchors, history rows
         for rid, tokens in items:
             st = self.streams.get(rid)
             if st is None or st.num_positions != len(tokens) - 1:
                 continue
-            p = st.num_positions - 1
+            p, slot = st.num_positions - 1, st.slot
             lo = max(st.kv_end, p - cw)
-            got = self._rows(st, lo, p + 1)     # commit rows lo .. p - 1, then the anchor p
-            k = p - lo
-            if k:
+            if p > lo:                          # commit rows lo .. p - 1
                 commit[0].extend(tokens[lo + 1:p + 1])
-                commit[1].extend([st.slot] * k)
+                commit[1].extend([slot] * (p - lo))
                 commit[2].extend(range(lo, p))
-                commit[3].extend(range(rows, rows + k))
-            for f, v in zip(rnd, (tokens[p + 1], st.slot, p, rows + k)):
+                commit[3].extend(row(slot, q) for q in range(lo, p))
+            for f, v in zip(rnd, (tokens[p + 1], slot, p, row(slot, p))):
                 f.append(v)
-            pieces += got
-            rows += k + 1
-            last = got[-1]                      # what `_trim` keeps once kv_end = p: row p
-            st.pending = [(p, last if last.shape[0] == 1 else last[-1:])]
             st.kv_end, st.last_used = p, self._clock
             ready.append(rid)
-        return (ready, pieces, rows, commit, rnd) if ready else None
+        return (ready, commit, rnd) if ready else None
 
 
 def install_plugin_drafter(engine, attn: str = "dense", capture: bool = True,
@@ -322,9 +296,13 @@ def install_plugin_drafter(engine, attn: str = "dense", capture: bool = True,
         target = old.drafter.target
     use_graphs = engine.device.type == "cuda" and not engine.args.enforce_eager
     runner_options.setdefault("max_model_len", engine.args.max_model_len)
+    runner_options.setdefault("step_tokens", 1 + engine.args.num_speculative_tokens)
     new = PluginDrafterProposer.load(engine.manifest.path.parent, engine.manifest, target,
                                      engine.device, old.depth, engine.args.max_num_seqs,
                                      use_graphs, attn=attn, **runner_options)
+    sink = getattr(engine.runner, "taps_sink", None)
+    if isinstance(old, PluginDrafterProposer) and sink is old.runner.history:
+        new.runner.share_history(sink)     # the target's passes write the history
     if use_graphs and capture:
         new.capture_all()
     spec.drafter = new

@@ -166,12 +166,18 @@ class Speculator:
         self.gate.record_step(seconds, drafted, copy_only)
 
     def observe(self, request_id: str, start: int, taps: torch.Tensor | None,
-                committed: list[int]) -> None:
-        """Positions start.. were processed and are committed (their taps [n, n_taps, H]);
+                committed: list[int], written: int = 0) -> None:
+        """Positions start.. were processed and are committed: their taps [n, n_taps, H], or
+        (taps None) `written` positions whose taps the target's pass wrote into the drafter's
+        history (`PluginDrafterProposer.taps_dst`, which also restarted the stream at 0);
         `committed` are the tokens newly appended to the stream."""
         if request_id in self.copy:
             self.copy[request_id].extend(committed)
-        if self.needs_taps and taps is not None and taps.shape[0]:
+        if not self.needs_taps:
+            return
+        if taps is not None and taps.shape[0]:
             if start == 0:
                 self.drafter.reset(request_id)   # a (re)started prefill: preemption recomputes
             self.drafter.observe(request_id, start, taps)
+        elif written:
+            self.drafter.observe(request_id, start, n=written)
