@@ -116,6 +116,16 @@
 #   PART=x bash bench/gpu_session.sh   PART u's chat and German eval (8 prompts each, 192
 #       tokens, greedy and T = 0.8, medians of 3), "always" and adaptive gate (~7 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=y bash bench/gpu_session.sh   why every step is slower with the drafter on:
+#       profile_generate's split (copy vs copy+drafter) as is, pinned to one CPU and to two,
+#       with the garbage collector off and with the drafts read on the host; the chat and
+#       German eval (4 prompts each, greedy, 192 tokens, medians of 2) as is and pinned to one
+#       CPU (~7 min); one archive back ($OUT/y_results.tar.gz).  carry: engines/carry-b.tar.xz
+#       (The pinned runs failed: `timeout` cannot run the shell function `pin`.)
+#   PART=z bash bench/gpu_session.sh   profile_generate twice: copy, copy+drafter and
+#       copy+drafter with every round refused (the drafter mode's per-step machinery alone),
+#       with the target's graph replays by step tokens (~3 min); one archive back.
+#                                                               carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -378,6 +388,40 @@ case "${PART:-}" in
     evalmini acceptance_adaptive 200 --categories mt_bench translation --per-category 8 \
       --humaneval 0 --max-tokens 192 --repeats 3 --drafter-gate adaptive \
       --json "$OUT/eval_adaptive.json"
+    ;;
+  y)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    PROF=(python3 bench/profile_generate.py --engine engines/mini-h200 --prompts-file "$P"
+          --modes copy copy+drafter --max-tokens 128 --warm-runs 1)
+    pin() {  # pin CPUS COMMAND...: run COMMAND on the CPUs CPUS (comma-separated) only
+      python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
+os.execvp(sys.argv[2], sys.argv[2:])' "$@"
+    }
+    step profile 45 "${PROF[@]}" --out "$OUT/profile"
+    step profile_pin1 45 pin 4 "${PROF[@]}" --out "$OUT/profile_pin1"
+    step profile_pin2 45 pin 4,5 "${PROF[@]}" --out "$OUT/profile_pin2"
+    step profile_gcoff 45 "${PROF[@]}" --gc off --out "$OUT/profile_gcoff"
+    step profile_hostdrafts 45 "${PROF[@]}" --drafts-on-device off --out "$OUT/profile_host"
+    E=(--engine engines/mini-h200 --prompts-dir engines/prompts --device cuda
+       --categories mt_bench translation --per-category 4 --humaneval 0 --max-tokens 192
+       --repeats 2 --temperatures 0)
+    step acceptance 110 python3 tools/eval_acceptance.py "${E[@]}" --json "$OUT/eval.json"
+    step acceptance_pin1 110 pin 4 python3 tools/eval_acceptance.py "${E[@]}" \
+      --json "$OUT/eval_pin1.json"
+    tar -C "$OUT" -czf /tmp/y_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/y_results.tar.gz "$OUT/"
+    ;;
+  z)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    for i in 1 2; do
+      step profile_$i 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
+        --prompts-file "$P" --modes copy copy+drafter copy+drafter/no-rounds --max-tokens 128 \
+        --warm-runs 1 --out "$OUT/profile_$i"
+    done
+    tar -C "$OUT" -czf /tmp/z_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/z_results.tar.gz "$OUT/"
     ;;
   b)
     unpack carry-b

@@ -119,15 +119,18 @@ def timed_split(llm, ids, params) -> dict:
     undo = [wrap(objs[o], n, k) for k, o, n in PARTS
             if objs[o] is not None and hasattr(objs[o], n)]
     by_tokens: dict[int, list[float]] = {}     # runner.forward seconds by the step's tokens
+    replay_by_tokens: dict[int, list[float]] = {}   # its graph replays' seconds, the same way
     forward = eng.runner.forward
 
     def timed_forward(meta, *a, **kw):
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), acc["replay"]
         try:
             return forward(meta, *a, **kw)
         finally:
             if state["decode"]:
-                by_tokens.setdefault(int(meta.num_tokens), []).append(time.perf_counter() - t0)
+                t = int(meta.num_tokens)
+                by_tokens.setdefault(t, []).append(time.perf_counter() - t0)
+                replay_by_tokens.setdefault(t, []).append(acc["replay"] - r0)
     eng.runner.forward = timed_forward
     undo.append(lambda: setattr(eng.runner, "forward", forward))
     orig_step = eng.step
@@ -142,6 +145,9 @@ def timed_split(llm, ids, params) -> dict:
     out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
     out["forward_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3}
                                 for t, v in sorted(by_tokens.items())}
+    out["replay_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
+                                   "mean_ms": statistics.fmean(v) * 1e3}
+                               for t, v in sorted(replay_by_tokens.items())}
     out.update(decode_steps=int(acc["decode_steps"]),
                step_median_ms=statistics.median(samples) * 1e3 if samples else 0.0,
                step_max_ms=max(samples, default=0.0) * 1e3,
@@ -149,12 +155,22 @@ def timed_split(llm, ids, params) -> dict:
     return out
 
 
+VARIANTS = ("", "no-rounds")   # MODE/no-rounds: the mode's engine with a gate that never drafts
+
+
 def profile_mode(args, mode: str, prompts: list) -> dict:
     """One mode: warm-up, an unprofiled timed run (`timed_split`), then the profiled generate;
-    the figures of the module docstring."""
-    llm = LLM(args.engine, speculative=mode, max_num_seqs=1, device=args.device,
+    the figures of the module docstring. mode "copy+drafter/no-rounds": that engine (taps
+    written, the drafter's per-step work) with its gate refusing every round, i.e. copy
+    drafting alone on the drafter mode's machinery. ValueError for an unknown variant."""
+    base, _, variant = mode.partition("/")
+    if variant not in VARIANTS:
+        raise ValueError(f"mode {mode!r}: variant must be one of {VARIANTS[1:]}")
+    llm = LLM(args.engine, speculative=base, max_num_seqs=1, device=args.device,
               drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
               drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
+    if variant == "no-rounds":
+        llm.engine.speculator.gate.decide = lambda request_ids: set()
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
@@ -207,6 +223,9 @@ def report(r: dict) -> None:
           f"{parts}; drafter rounds {u['drafter_rounds_per_step']:.2f} per step")
     print("   forward by step tokens: " + ", ".join(
         f"{t}: {v['median_ms']:.3f} ms x{v['steps']}" for t, v in u["forward_by_tokens"].items()))
+    print("   its graph replays by step tokens (median / mean ms): " + ", ".join(
+        f"{t}: {v['median_ms']:.3f} / {v['mean_ms']:.3f}"
+        for t, v in u["replay_by_tokens"].items()))
     for x in r["top_host_ops"][:10]:
         print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
     for x in r["top_kernels"][:10]:
