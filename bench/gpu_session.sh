@@ -126,6 +126,11 @@
 #       copy+drafter with every round refused (the drafter mode's per-step machinery alone),
 #       with the target's graph replays by step tokens (~3 min); one archive back.
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=za bash bench/gpu_session.sh   which part of the drafter mode's target graphs makes
+#       their replays slow: copy against copy+drafter with every round refused, and that with
+#       the graphs captured without the taps sink, without taps, without the drafts' put
+#       (profile_generate's diagnostic variants), twice in opposite orders (~4 min).
+#                                                               carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -422,6 +427,19 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     done
     tar -C "$OUT" -czf /tmp/z_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/z_results.tar.gz "$OUT/"
+    ;;
+  za)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    M=(copy copy+drafter/no-rounds copy+drafter/no-rounds+no-sink copy+drafter/no-rounds+no-taps
+       copy+drafter/no-rounds+no-draft-put)
+    step profile_1 150 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes "${M[@]}" --max-tokens 128 --warm-runs 1 --out "$OUT/profile_1"
+    R=(); for ((i=${#M[@]}-1; i>=0; i--)); do R+=("${M[i]}"); done
+    step profile_2 150 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes "${R[@]}" --max-tokens 128 --warm-runs 1 --out "$OUT/profile_2"
+    tar -C "$OUT" -czf /tmp/za_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/za_results.tar.gz "$OUT/"
     ;;
   b)
     unpack carry-b

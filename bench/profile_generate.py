@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -155,22 +156,59 @@ def timed_split(llm, ids, params) -> dict:
     return out
 
 
-VARIANTS = ("", "no-rounds")   # MODE/no-rounds: the mode's engine with a gate that never drafts
+# MODE/no-rounds: the mode's engine with a gate that never drafts. Diagnostics on top of it
+# (`+`-joined; the graphs are captured without a part of the drafter mode's work, so the
+# drafter's history goes stale: only meaningful with no-rounds): no-sink (taps not written
+# into the history), no-taps (no taps computed; no sink), no-draft-put (the deferred drafts
+# not put in by the graphs).
+VARIANTS = ("no-rounds", "no-sink", "no-taps", "no-draft-put")
+
+
+@contextmanager
+def _graph_variant(parts: set[str]):
+    """Patch `PluginRunner._run` (what the target's graphs capture) per the diagnostics."""
+    from kolibri_trt.runtime import cuda_graphs
+    orig = cuda_graphs.PluginRunner._run
+
+    def run(self, padded, tap_layers):
+        sink, source = self.taps_sink, self.draft_source
+        if parts & {"no-sink", "no-taps"}:
+            self.taps_sink = None
+        if "no-draft-put" in parts:
+            self.draft_source = None
+        try:
+            logits, taps = orig(self, padded, () if "no-taps" in parts else tap_layers)
+        finally:
+            self.taps_sink, self.draft_source = sink, source
+        return logits, taps
+    cuda_graphs.PluginRunner._run = run if parts - {"no-rounds"} else orig
+    try:
+        yield
+    finally:
+        cuda_graphs.PluginRunner._run = orig
 
 
 def profile_mode(args, mode: str, prompts: list) -> dict:
     """One mode: warm-up, an unprofiled timed run (`timed_split`), then the profiled generate;
     the figures of the module docstring. mode "copy+drafter/no-rounds": that engine (taps
     written, the drafter's per-step work) with its gate refusing every round, i.e. copy
-    drafting alone on the drafter mode's machinery. ValueError for an unknown variant."""
+    drafting alone on the drafter mode's machinery; "/no-rounds+no-taps" etc.: VARIANTS.
+    ValueError for an unknown variant."""
     base, _, variant = mode.partition("/")
-    if variant not in VARIANTS:
-        raise ValueError(f"mode {mode!r}: variant must be one of {VARIANTS[1:]}")
-    llm = LLM(args.engine, speculative=base, max_num_seqs=1, device=args.device,
-              drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
-              drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
-    if variant == "no-rounds":
-        llm.engine.speculator.gate.decide = lambda request_ids: set()
+    parts = set(variant.split("+")) - {""}
+    if parts - set(VARIANTS) or (parts and "no-rounds" not in parts):
+        raise ValueError(f"mode {mode!r}: variants are no-rounds[+{'|'.join(VARIANTS[1:])}]")
+    with _graph_variant(parts):
+        llm = LLM(args.engine, speculative=base, max_num_seqs=1, device=args.device,
+                  drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
+                  drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
+        if "no-rounds" in parts:
+            llm.engine.speculator.gate.decide = lambda request_ids: set()
+        return _profile(args, mode, llm, prompts)
+
+
+def _profile(args, mode: str, llm, prompts: list) -> dict:
+    """`profile_mode` on a built LLM."""
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(ids, SamplingParams(max_tokens=2))
