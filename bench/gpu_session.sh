@@ -131,6 +131,11 @@
 #       the graphs captured without the taps sink, without taps, without the drafts' put
 #       (profile_generate's diagnostic variants), twice in opposite orders (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=zb bash bench/gpu_session.sh   the session's final eval: chat and German (4 prompts
+#       each, 192 tokens, greedy and T = 0.8, medians of 3) in one process and again with one
+#       engine per process (--isolated 3: copy and copy+drafter, 3 processes each); then every
+#       category (3 prompts + 3 HumanEval, medians of 2) in one process (~9 min).
+#                                                               carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -440,6 +445,13 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
       --prompts-file "$P" --modes "${R[@]}" --max-tokens 128 --warm-runs 1 --out "$OUT/profile_2"
     tar -C "$OUT" -czf /tmp/za_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/za_results.tar.gz "$OUT/"
+    ;;
+  zb)
+    unpack carry-b
+    evalmini isolated 330 --categories mt_bench translation --per-category 4 --humaneval 0 \
+      --max-tokens 192 --repeats 3 --isolated 3 --json "$OUT/eval_isolated.json"
+    evalmini acceptance 240 --per-category 3 --humaneval 3 --max-tokens 192 --repeats 2 \
+      --json "$OUT/eval_h200.json"
     ;;
   b)
     unpack carry-b

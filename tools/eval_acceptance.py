@@ -6,6 +6,7 @@
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
         [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off]
         [--drafter-stream own|current] [--repeats R]
+        [--isolated K [--isolated-modes copy copy+drafter]]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
@@ -23,6 +24,9 @@ categories and HumanEval (`shared/data/prompts`), one stream at a time.
    previous draft as served) is compared with the tokens the target produced: accepted
    tokens per round of 3 and of 4 drafts (the leading matches, capped) and position 1-4
    agreement (each row's draft equals the target's token, whatever the rows before did).
+3. With --isolated K: the decode speeds again with one engine per process, K rounds
+   (`eval_isolated.py`: in one process every engine after the first replays its CUDA graphs
+   slower).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 import gpu_env  # noqa: E402,F401
+import eval_isolated  # noqa: E402
 import fast_drafter  # noqa: E402
 
 from kolibri_trt import LLM, SamplingParams, sampling  # noqa: E402
@@ -254,13 +259,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with spec_bench_question.jsonl and human_eval.jsonl.gz")
     ap.add_argument("--repeats", type=int, default=1,
                     help="time each category this many times; report the median speed")
+    ap.add_argument("--isolated", type=int, default=0, metavar="K",
+                    help="also time --isolated-modes with one engine per process, K rounds")
+    ap.add_argument("--isolated-modes", nargs="+", choices=MODES,
+                    default=["copy", "copy+drafter"])
+    ap.add_argument("--one-mode", choices=MODES,
+                    help="(internal, --isolated) time this mode alone; --json gets its speeds")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats: must be >= 1, got {args.repeats}")
+    if args.isolated < 0:
+        ap.error(f"--isolated: must be >= 0, got {args.isolated}")
+    if args.one_mode and not args.json:
+        ap.error("--one-mode needs --json")
     sampling.FUSED_SAMPLER = args.sampler == "fused"
     plugin_drafter_proposer.OWN_STREAM = args.drafter_stream == "own"
     prompts = load_eval_prompts(args)
+    if args.one_mode:
+        one = run_modes(args, (args.one_mode,), prompts, args.temperatures)[args.one_mode]
+        args.json.write_text(json.dumps(eval_isolated.speeds(one)))
+        return 0
     results = run_modes(args, MODES, prompts, args.temperatures)
     for m in MODES:
         for temp, cats in results[m].items():
@@ -272,12 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     bad = sum(r["mismatches_vs_off"] for m in MODES for c in results[m].values()
               for r in c.values())
     print(f"\nrequests that differ from speculative='off': {bad} (must be 0)")
+    isolated = None
+    if args.isolated:
+        isolated = eval_isolated.run(args, args.isolated_modes, args.isolated)
+        eval_isolated.report(isolated)
     if args.json:
         slim = {m: {str(t): {c: {k: v for k, v in r.items() if k not in ("prompt_ids",
                                                                          "token_ids")}
                              for c, r in cats.items()} for t, cats in res.items()}
                 for m, res in results.items()}
-        args.json.write_text(json.dumps({"end_to_end": slim, "acceptance": offline}, indent=1))
+        args.json.write_text(json.dumps({"end_to_end": slim, "acceptance": offline,
+                                         "isolated": isolated}, indent=1))
     return 0 if bad == 0 else 1
 
 
