@@ -335,3 +335,23 @@ def test_trainers_import_without_packages_the_gpu_machine_lacks():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, cwd=ROOT, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_isolated_children_get_the_parents_options():
+    """`eval_acceptance --isolated`: a --one-mode child parses back every option that shapes
+    what it times (eval_isolated.child_argv); --one-mode needs --json."""
+    import eval_acceptance
+    import eval_isolated
+    ap = eval_acceptance.parser()
+    args = ap.parse_args(["--engine", "e", "--per-category", "3", "--categories", "mt_bench",
+                          "translation", "--humaneval", "0", "--max-tokens", "50",
+                          "--temperatures", "0", "0.8", "--device", "cuda", "--repeats", "2",
+                          "--drafter-gate", "adaptive", "--drafter-depth", "2",
+                          "--isolated", "3"])
+    child = ap.parse_args(eval_isolated.child_argv(args) + ["--one-mode", "copy", "--json", "x"])
+    skip = {"isolated", "isolated_modes", "one_mode", "json"}
+    assert {k: v for k, v in vars(child).items() if k not in skip} == \
+        {k: v for k, v in vars(args).items() if k not in skip}
+    assert child.one_mode == "copy" and child.isolated == 0
+    with pytest.raises(SystemExit):
+        eval_acceptance.main(["--engine", "e", "--one-mode", "copy"])

@@ -227,7 +227,8 @@ def report(results, offline) -> None:
             print(f"{cat:<15}" + " | ".join(cells))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of this script."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--per-category", type=int, default=2)
@@ -266,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one-mode", choices=MODES,
                     help="(internal, --isolated) time this mode alone; --json gets its speeds")
     ap.add_argument("--json", type=Path)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats: must be >= 1, got {args.repeats}")
