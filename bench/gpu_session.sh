@@ -136,6 +136,12 @@
 #       engine per process (--isolated 3: copy and copy+drafter, 3 processes each); then every
 #       category (3 prompts + 3 HumanEval, medians of 2) in one process (~9 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=zc bash bench/gpu_session.sh   profile_generate with copy+drafter built first, then
+#       copy first, then copy+drafter alone in its process (~4 min); one archive back.
+#                                                               carry: engines/carry-b.tar.xz
+#   PART=zd bash bench/gpu_session.sh   profile_generate with one engine per process, copy and
+#       copy+drafter taking turns, 3 processes each (~3 min); one archive back.
+#                                                               carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -452,6 +458,34 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
       --max-tokens 192 --repeats 3 --isolated 3 --json "$OUT/eval_isolated.json"
     evalmini acceptance 240 --per-category 3 --humaneval 3 --max-tokens 192 --repeats 2 \
       --json "$OUT/eval_h200.json"
+    ;;
+  zc)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step profile_cd_first 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy+drafter copy --max-tokens 128 --warm-runs 1 \
+      --out "$OUT/profile_cd_first"
+    step profile_copy_first 100 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
+      --out "$OUT/profile_copy_first"
+    step profile_cd_alone 80 python3 bench/profile_generate.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy+drafter --max-tokens 128 --warm-runs 1 \
+      --out "$OUT/profile_cd_alone"
+    tar -C "$OUT" -czf /tmp/zc_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/zc_results.tar.gz "$OUT/"
+    ;;
+  zd)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    for i in 1 2 3; do
+      for m in copy copy+drafter; do
+        n=${m/+/_}_$i
+        step "profile_$n" 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
+          --prompts-file "$P" --modes "$m" --max-tokens 128 --warm-runs 1 --out "$OUT/$n"
+      done
+    done
+    tar -C "$OUT" -czf /tmp/zd_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/zd_results.tar.gz "$OUT/"
     ;;
   b)
     unpack carry-b
