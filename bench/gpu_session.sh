@@ -142,6 +142,8 @@
 #   PART=zd bash bench/gpu_session.sh   profile_generate with one engine per process, copy and
 #       copy+drafter taking turns, 3 processes each (~3 min); one archive back.
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=ze bash bench/gpu_session.sh   PART zb's chat and German eval again, greedy only,
+#       with 4 processes per mode (~5 min).                   carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -486,6 +488,12 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     done
     tar -C "$OUT" -czf /tmp/zd_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/zd_results.tar.gz "$OUT/"
+    ;;
+  ze)
+    unpack carry-b
+    evalmini isolated 300 --categories mt_bench translation --per-category 4 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --isolated 4 \
+      --json "$OUT/eval_isolated.json"
     ;;
   b)
     unpack carry-b
