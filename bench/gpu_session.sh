@@ -144,6 +144,10 @@
 #                                                               carry: engines/carry-b.tar.xz
 #   PART=ze bash bench/gpu_session.sh   PART zb's chat and German eval again, greedy only,
 #       with 4 processes per mode (~5 min).                   carry: engines/carry-b.tar.xz
+#   PART=zf bash bench/gpu_session.sh   the machine's CPU/GPU topology, then PART ze's eval
+#       (one engine per process, 4 processes per mode) with the engine pinned to the CPUs next
+#       to the GPU (--cpu-affinity gpu-local) and without (~9 min).
+#                                                               carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -494,6 +498,16 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     evalmini isolated 300 --categories mt_bench translation --per-category 4 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 --isolated 4 \
       --json "$OUT/eval_isolated.json"
+    ;;
+  zf)
+    unpack carry-b
+    step topo 30 bash -c 'nvidia-smi topo -m; lscpu | head -30; nproc;
+      python3 -c "import os; print(sorted(os.sched_getaffinity(0)))"'
+    E=(--categories mt_bench translation --per-category 4 --humaneval 0 --max-tokens 192
+       --repeats 2 --temperatures 0 --isolated 4)
+    evalmini isolated_gpu_local 260 "${E[@]}" --cpu-affinity gpu-local \
+      --json "$OUT/eval_isolated_gpu_local.json"
+    evalmini isolated 260 "${E[@]}" --json "$OUT/eval_isolated.json"
     ;;
   b)
     unpack carry-b

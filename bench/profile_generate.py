@@ -201,7 +201,8 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
     with _graph_variant(parts):
         llm = LLM(args.engine, speculative=base, max_num_seqs=1, device=args.device,
                   drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
-                  drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
+                  drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device],
+                  cpu_affinity=args.cpu_affinity)
         if "no-rounds" in parts:
             llm.engine.speculator.gate.decide = lambda request_ids: set()
         return _profile(args, mode, llm, prompts)
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=["off", "copy", "drafter", "copy+drafter"])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"])
+    ap.add_argument("--cpu-affinity", default=None, metavar="CPUS",
+                    help="EngineArgs.cpu_affinity: gpu-local or a CPU list (default: as it is)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
     ap.add_argument("--drafts-on-device", default="auto", choices=list(DRAFTS_ON_DEVICE))
     ap.add_argument("--warm-runs", type=int, default=0,

@@ -79,7 +79,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     llm = LLM(args.engine, speculative=args.speculative, max_num_seqs=args.max_num_seqs,
               device=args.device, enforce_eager=args.enforce_eager,
-              acceptance_method=args.acceptance_method)
+              acceptance_method=args.acceptance_method, cpu_affinity=args.cpu_affinity)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed)
     prompts = _prompts(args)
@@ -136,7 +136,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"kolibri-trt serve: warning: listening on {args.host} without an API key",
               file=sys.stderr)
     engine_args = EngineArgs(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                             kv_cache_memory=args.kv_cache_memory)
+                             kv_cache_memory=args.kv_cache_memory,
+                             cpu_affinity=args.cpu_affinity)
     serve(args.engine, host=args.host, port=args.port, api_key=api_key or None,
           speculative=args.speculative, engine_args=engine_args, max_waiting=args.max_waiting,
           model_name=args.served_model_name)
@@ -167,7 +168,14 @@ def _serve_parser(sub) -> None:
                     help="requests waiting for admission before new ones get 503")
     sv.add_argument("--served-model-name", default=None,
                     help="the `model` requests must name (default: the engine folder's name)")
+    _affinity_arg(sv)
     sv.set_defaults(func=_serve)
+
+
+def _affinity_arg(p) -> None:
+    p.add_argument("--cpu-affinity", default=None, metavar="CPUS",
+                   help="pin the engine's host thread: gpu-local (the CPUs next to the GPU) or "
+                        "a CPU list such as 0-3,8 (default: as it is)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs")
     gen.add_argument("--acceptance-method", default="position-keyed",
                      help="position-keyed | rejection_sampler (sampled drafts)")
+    _affinity_arg(gen)
     gen.set_defaults(func=_generate)
     _serve_parser(sub)
 

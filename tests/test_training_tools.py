@@ -347,7 +347,7 @@ def test_isolated_children_get_the_parents_options():
                           "translation", "--humaneval", "0", "--max-tokens", "50",
                           "--temperatures", "0", "0.8", "--device", "cuda", "--repeats", "2",
                           "--drafter-gate", "adaptive", "--drafter-depth", "2",
-                          "--isolated", "3"])
+                          "--cpu-affinity", "0-3", "--isolated", "3"])
     child = ap.parse_args(eval_isolated.child_argv(args) + ["--one-mode", "copy", "--json", "x"])
     skip = {"isolated", "isolated_modes", "one_mode", "json"}
     assert {k: v for k, v in vars(child).items() if k not in skip} == \

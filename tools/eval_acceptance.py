@@ -84,7 +84,7 @@ def run_modes(args, modes, prompts, temps) -> dict:
     llms = {m: LLM(args.engine, speculative=m, max_num_seqs=1,
                    max_model_len=args.max_model_len, device=args.device,
                    drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
-                   drafter_gate=args.drafter_gate,
+                   drafter_gate=args.drafter_gate, cpu_affinity=args.cpu_affinity,
                    drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
             for m in modes}
     first = next(iter(llms.values()))
@@ -242,6 +242,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--drafter-attention", default="kernel", choices=["dense", "sdpa", "kernel"],
                     help="the drafter's ring attention on the kernel path (EngineArgs)")
+    ap.add_argument("--cpu-affinity", default=None, metavar="CPUS",
+                    help="EngineArgs.cpu_affinity: gpu-local or a CPU list (default: as it is)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"],
                     help="when a copy miss gets a drafter round (EngineArgs.drafter_gate)")
     ap.add_argument("--drafts-on-device", default="auto",

@@ -36,6 +36,8 @@ def child_argv(args) -> list[str]:
            "--prompts-dir", str(args.prompts_dir), "--repeats", str(args.repeats)]
     if args.drafter_depth is not None:
         out += ["--drafter-depth", str(args.drafter_depth)]
+    if args.cpu_affinity is not None:
+        out += ["--cpu-affinity", args.cpu_affinity]
     return out
 
 

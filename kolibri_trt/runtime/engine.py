@@ -24,6 +24,7 @@ from ..spec.speculator import Speculator
 from ..spec.verify import Verdict, rejection_sample, target_probs, verify_batch
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
+from .cpu_affinity import apply as apply_cpu_affinity
 from .cuda_graphs import PluginRunner
 from .engine_args import ACCEPTANCE_METHODS, MODEL_IMPLS, EngineArgs  # noqa: F401 (re-exported)
 from .engine_loader import Manifest, load_drafter, load_target
@@ -68,6 +69,7 @@ class LLMEngine:
                              f"got {speculative!r}")
         self.args = args or EngineArgs()
         self.device = _check_device(device)
+        self.cpus = apply_cpu_affinity(self.args.cpu_affinity, self.device)   # None: as it was
         self.manifest = Manifest.read(engine_dir)
         target = self._load_target(Path(engine_dir))
         self.tokenizer = KolibriTokenizer.from_pretrained(Path(engine_dir) / TARGET_DIR)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
 from ..spec.drafter_gate import GATES
+from .cpu_affinity import check_spec as check_cpu_affinity
 
 MODEL_IMPLS = ("auto", "reference", "plugins")
 # command-line spelling of drafts_on_device (tools/eval_acceptance.py, bench/profile_generate.py)
@@ -48,8 +49,12 @@ class EngineArgs:
     # how sampled drafts are accepted: "position-keyed" (identical to non-speculative output)
     # or "rejection_sampler" (Leviathan et al. 2023; same distribution, not the same tokens)
     acceptance_method: str = "position-keyed"
+    # pin the engine's host thread: None (as it is), "gpu-local" (the CPUs next to the GPU) or
+    # a CPU list such as "0-3,8" (runtime/cpu_affinity.py)
+    cpu_affinity: str | None = None
 
     def __post_init__(self) -> None:
+        check_cpu_affinity(self.cpu_affinity)
         for name, choices in (("acceptance_method", ACCEPTANCE_METHODS), ("drafter_gate", GATES),
                               ("drafter_attention", DRAFTER_ATTENTION),
                               ("model_impl", MODEL_IMPLS)):
