@@ -113,9 +113,6 @@
 #       (replay == eager bits), gpu_runtime's lossless modes (T = 0 and 0.8, 1 and 8 streams),
 #       profile_generate's split, the short acceptance eval (~9 min); one archive back
 #       ($OUT/w_results.tar.gz).                                carry: engines/carry-b.tar.xz
-#   PART=x bash bench/gpu_session.sh   PART u's chat and German eval (8 prompts each, 192
-#       tokens, greedy and T = 0.8, medians of 3), "always" and adaptive gate (~7 min).
-#                                                               carry: engines/carry-b.tar.xz
 #   PART=y bash bench/gpu_session.sh   why every step is slower with the drafter on:
 #       profile_generate's split (copy vs copy+drafter) as is, pinned to one CPU and to two,
 #       with the garbage collector off and with the drafts read on the host; the chat and
@@ -402,14 +399,6 @@ case "${PART:-}" in
     shorteval acceptance 100 --json "$OUT/eval_h200.json"
     tar -C "$OUT" -czf /tmp/w_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/w_results.tar.gz "$OUT/"
-    ;;
-  x)
-    unpack carry-b
-    evalmini acceptance 240 --categories mt_bench translation --per-category 8 --humaneval 0 \
-      --max-tokens 192 --repeats 3 --json "$OUT/eval_h200.json"
-    evalmini acceptance_adaptive 200 --categories mt_bench translation --per-category 8 \
-      --humaneval 0 --max-tokens 192 --repeats 3 --drafter-gate adaptive \
-      --json "$OUT/eval_adaptive.json"
     ;;
   y)
     unpack carry-b
