@@ -145,6 +145,9 @@
 #       (one engine per process, 4 processes per mode) with the engine pinned to the CPUs next
 #       to the GPU (--cpu-affinity gpu-local) and without (~9 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=zg bash bench/gpu_session.sh   bench/graph_order.py: the graph replays of three
+#       engines built one after another, on the current stream, on a stream of their own, and
+#       after the first engine is deleted (~2 min).          carry: engines/carry-b.tar.xz
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
@@ -497,6 +500,10 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     evalmini isolated_gpu_local 260 "${E[@]}" --cpu-affinity gpu-local \
       --json "$OUT/eval_isolated_gpu_local.json"
     evalmini isolated 260 "${E[@]}" --json "$OUT/eval_isolated.json"
+    ;;
+  zg)
+    unpack carry-b
+    step graph_order 150 python3 bench/graph_order.py --engine engines/mini-h200 --out "$OUT"
     ;;
   b)
     unpack carry-b
