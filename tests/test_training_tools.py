@@ -9,6 +9,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -355,3 +356,27 @@ def test_isolated_children_get_the_parents_options():
     assert child.one_mode == "copy" and child.isolated == 0
     with pytest.raises(SystemExit):
         eval_acceptance.main(["--engine", "e", "--one-mode", "copy"])
+
+
+def test_isolated_speeds_are_medians_over_processes_in_rotated_order(monkeypatch):
+    """`eval_isolated.run`: K rounds of one child per mode, the modes' order rotated per round;
+    a mode's speed is the median of its children's; a failing child raises naming its mode."""
+    import eval_acceptance
+    import eval_isolated
+    args = eval_acceptance.parser().parse_args(["--engine", "e", "--temperatures", "0"])
+    calls, speeds = [], {"copy": iter([3.0, 1.0, 2.0]), "copy+drafter": iter([5.0, 4.0, 6.0])}
+
+    def fake_run(cmd, capture_output, text):
+        mode, out = cmd[cmd.index("--one-mode") + 1], Path(cmd[cmd.index("--json") + 1])
+        calls.append(mode)
+        out.write_text(json.dumps({"0.0": {"mt_bench": next(speeds[mode])}}))
+        return SimpleNamespace(returncode=0, stderr="")
+    monkeypatch.setattr(eval_isolated.subprocess, "run", fake_run)
+    got = eval_isolated.run(args, ["copy", "copy+drafter"], 3)
+    assert calls == ["copy", "copy+drafter", "copy+drafter", "copy", "copy", "copy+drafter"]
+    assert got["copy"]["0.0"]["mt_bench"] == {"runs": [3.0, 1.0, 2.0], "median": 2.0}
+    assert got["copy+drafter"]["0.0"]["mt_bench"]["median"] == 5.0
+    monkeypatch.setattr(eval_isolated.subprocess, "run",
+                        lambda cmd, **kw: SimpleNamespace(returncode=1, stderr="boom"))
+    with pytest.raises(RuntimeError, match="'copy' process failed"):
+        eval_isolated.run(args, ["copy"], 1)
