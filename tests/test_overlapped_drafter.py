@@ -36,9 +36,11 @@ def test_engine_with_overlapped_drafter_rounds_is_lossless(engines, off_tokens, 
               max_num_batched_tokens=64, drafter_overlap=True)
     spec = llm.engine.speculator
     assert spec.overlap and isinstance(spec.drafter, PluginDrafterProposer)
-    collected, synchronous = [], []
-    collect, batch = spec.drafter.collect, spec.drafter.propose_batch
+    collected, synchronous = [], []     # rounds ended (read on the host or with the tokens)
+    collect, discard = spec.drafter.collect, spec.drafter.discard
+    batch = spec.drafter.propose_batch
     spec.drafter.collect = lambda: collected.append(1) or collect()
+    spec.drafter.discard = lambda: collected.append(1) or discard()
     spec.drafter.propose_batch = lambda items: synchronous.append(1) or batch(items)
     for p, want in zip(LOSSLESS_PARAMS, off_tokens):
         assert [o.token_ids for o in llm.generate(PROMPTS, p)] == want
@@ -85,6 +87,23 @@ def test_drafts_left_on_the_device_reach_the_target(engines, off_tokens):
         assert sum(d is not None for d in d_dev) >= 3       # rounds were left on the device
         assert len(ids_dev) == len(ids_host)
         assert all(torch.equal(a, b) for a, b in zip(ids_dev, ids_host))
+
+
+def test_rejection_sampling_reads_drafts_left_on_the_device_first(engines):
+    """acceptance_method="rejection_sampler" with the drafts on the device: a sampled stream's
+    drafts are read on the host before verification (`resolve_deferred`), and the outputs
+    equal those of the engine that reads every round's drafts first, greedy and sampled."""
+    outs, resolved = {}, []
+    for on in (False, True):
+        llm = LLM(engines["fp8-nvfp4"], speculative="copy+drafter", model_impl="plugins",
+                  max_num_batched_tokens=64, drafter_overlap=True, drafts_on_device=on,
+                  acceptance_method="rejection_sampler")
+        spec = llm.engine.speculator
+        resolve = spec.resolve_deferred
+        spec.resolve_deferred = lambda resolve=resolve: resolved.append(on) or resolve()
+        outs[on] = [[o.token_ids for o in llm.generate(PROMPTS, p)] for p in LOSSLESS_PARAMS]
+    assert outs[True] == outs[False]
+    assert resolved and all(resolved)       # only the engine with device drafts resolves
 
 
 def test_drafts_on_device_needs_the_single_device_kernel_path(engines):

@@ -21,7 +21,7 @@ from ..spec.metrics import SpecMetrics
 from ..spec.plugin_drafter_proposer import DeferredDrafts, PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
 from ..spec.speculator import Speculator
-from ..spec.verify import Verdict, rejection_sample, target_probs, verify_batch
+from ..spec.verify import Verdict, accept, rejection_sample, target_choices, target_probs
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
 from .cpu_affinity import apply as apply_cpu_affinity
@@ -211,11 +211,14 @@ class LLMEngine:
         meta = build_metadata(scheduled, g.block_size, g.ring_blocks, extra)
         dst = self._taps_dst(scheduled, extra)
         sink = {} if dst is None else {"taps_dst": dst}
+        on_device = None
         if deferred is None:
             logits, taps = self.runner.forward(meta, self.tap_layers, **sink)
         else:
-            logits, taps = self._forward_deferred(meta, scheduled, extra, deferred, sink)
-        verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra)
+            logits, taps, on_device = self._forward_deferred(meta, scheduled, extra, deferred,
+                                                             sink)
+        verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra,
+                                    on_device)
         outputs = []
         firsts = itertools.accumulate(meta.q_lens, initial=0)
         for item, first in zip(scheduled, firsts):
@@ -256,9 +259,9 @@ class LLMEngine:
     def _forward_deferred(self, meta, scheduled, extra: dict[str, list[int]],
                           deferred: DeferredDrafts, sink: dict):
         """The target pass with the drafter's drafts taken from the device (`extra` holds
-        zeros for them); then their host copy replaces the zeros in `extra`'s lists, for
-        verification. sink: `runner.forward`'s taps_dst, if any. Returns `runner.forward`'s
-        (logits, taps)."""
+        zeros for them; `_verify_all` reads the real ones). sink: `runner.forward`'s
+        taps_dst, if any. Returns `runner.forward`'s (logits, taps) and (the drafts, int64
+        [S, n] on the device; request id -> offset of its row in them flattened)."""
         width = int(deferred.drafts.shape[1])
         row_of = {rid: i * width for i, rid in enumerate(deferred.request_ids)}
         dst, src, first = [], [], 0
@@ -271,12 +274,9 @@ class LLMEngine:
                 src.extend(range(row_of[rid], row_of[rid] + n))
             first += item.num_tokens + n
         deferred.ready_here()
-        out = self.runner.forward(meta, self.tap_layers,
-                                  draft_ids=(dst, src, deferred.drafts.view(-1)), **sink)
-        for rid, tokens in self.speculator.resolve_deferred().items():
-            if rid in extra:
-                extra[rid][:] = tokens[:len(extra[rid])]
-        return out
+        logits, taps = self.runner.forward(meta, self.tap_layers,
+                                           draft_ids=(dst, src, deferred.drafts.view(-1)), **sink)
+        return logits, taps, (deferred.drafts, row_of)
 
     def _time_step(self, drafted: bool, copy_only: bool) -> None:
         """The drafter gate's clock and the next round's prefetch: a step lasts from the end of
@@ -291,18 +291,25 @@ class LLMEngine:
         self._step_mark = now if self.scheduler.has_work() else None
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
-                    extra: dict[str, list[int]]) -> dict[str, Verdict]:
+                    extra: dict[str, list[int]], on_device=None) -> dict[str, Verdict]:
         """Verdicts for every sampling stream of `seqs` (logits: 1 + k rows each, in order).
-        Position-keyed streams go through one `verify_batch` call (one host copy). With
+        Position-keyed streams go through one `target_choices` call and one host copy. With
         "rejection_sampler" and T > 0: speculative sampling with a one-hot q (both proposers
-        draft deterministically), randomness from a generator seeded with the request's seed."""
+        draft deterministically), randomness from a generator seeded with the request's seed.
+        on_device: `_forward_deferred`'s (drafts, offsets) of drafts that stand as zeros in
+        `extra`: read in the keyed streams' copy (or from the host first, `resolve_deferred`,
+        when a stream samples by rejection); `extra`'s lists get them in place."""
         keyed, spans, out, row = [], [], {}, 0
+        rejection = {q.request_id for q in seqs if self.args.acceptance_method !=
+                     "position-keyed" and extra.get(q.request_id) and q.params.temperature != 0}
+        if on_device is not None and rejection:
+            _put_host_drafts(extra, self.speculator.resolve_deferred())
+            on_device = None
         for seq in seqs:
             d = extra.get(seq.request_id, [])
             span = (row, row + 1 + len(d))
             row = span[1]
-            if (self.args.acceptance_method == "position-keyed" or not d
-                    or seq.params.temperature == 0):
+            if seq.request_id not in rejection:
                 keyed.append(seq)
                 spans.append(span)
                 continue
@@ -315,11 +322,28 @@ class LLMEngine:
         if keyed:
             rows = logits if len(keyed) == len(seqs) else torch.cat(
                 [logits[a:b] for a, b in spans])
-            found = verify_batch(rows, [extra.get(q.request_id, []) for q in keyed],
-                                 [q.params for q in keyed],
-                                 [len(q.output_token_ids) for q in keyed])
-            out.update((q.request_id, v) for q, v in zip(keyed, found))
+            out.update(self._verify_keyed(keyed, rows, extra, on_device))
+        elif on_device is not None:
+            self.speculator.discard_deferred()
         return out
+
+    def _verify_keyed(self, keyed: list[Sequence], rows: torch.Tensor,
+                      extra: dict[str, list[int]], on_device) -> dict[str, Verdict]:
+        """`_verify_all`'s position-keyed streams: their rows' own tokens, with the deferred
+        drafts (on_device) in the same copy to the host, then `accept`."""
+        own = target_choices(rows, [len(extra.get(q.request_id, ())) for q in keyed],
+                             [q.params for q in keyed], [len(q.output_token_ids) for q in keyed])
+        if on_device is None:
+            chosen = own.tolist()
+        else:
+            drafts, offsets = on_device
+            both = torch.cat([own, drafts.reshape(-1).to(own.device)]).tolist()
+            chosen, flat = both[:own.numel()], both[own.numel():]
+            width = int(drafts.shape[1])
+            _put_host_drafts(extra, {rid: flat[o:o + width] for rid, o in offsets.items()})
+            self.speculator.discard_deferred()
+        found = accept(chosen, [extra.get(q.request_id, []) for q in keyed])
+        return {q.request_id: v for q, v in zip(keyed, found)}
 
     def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
         """Drafts for every running stream that is past its prefill (one batched round)."""
@@ -417,3 +441,10 @@ class LLMEngine:
             self.scheduler.waiting.remove(seq)
         self.scheduler.finish(seq)
         self.speculator.drop(request_id)
+
+
+def _put_host_drafts(extra: dict[str, list[int]], drafts: dict[str, list[int]]) -> None:
+    """Replace the placeholder drafts in `extra`'s lists, in place, by the real ones."""
+    for rid, tokens in drafts.items():
+        if rid in extra:
+            extra[rid][:] = tokens[:len(extra[rid])]

@@ -26,8 +26,9 @@ copy (`stage`) and uploads it with one non-blocking copy; on CPU `stage` is `idx
 place.
 
 Device operations per round on CUDA: 1 index upload, 1 graph replay (2 after a commit of more
-than MERGE_COMMIT rows), and (`read_drafts`, `propose_batch`) 1 copy of the drafts into
-pinned memory, then 1 event wait: the round's only host sync.
+than MERGE_COMMIT rows), and, when the host reads the drafts (`read_drafts`, `propose_batch`),
+1 copy of them into pinned memory, then 1 event wait: the round's only host sync. (Drafts
+left on the device are read by the engine with the verification's tokens instead.)
 
 Buckets: commit N rows -> N_b = next power of two >= 8, at most `max_commit` (larger commits
 run in chunks); round S streams -> S_b = next power of two, and L ring rows attended = the

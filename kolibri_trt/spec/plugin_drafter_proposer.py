@@ -11,8 +11,10 @@ one block of rows per ring slot), written by the target's passes themselves (the
 `PluginRunner.use_taps_sink`: rows from `taps_dst`) or by `observe` from a taps tensor; a round
 names rows of it. Host work per round: one pass over the ready streams (constant per stream
 but for the ints of its commit rows: next ids, slots, positions, history rows), one index
-upload, one graph replay (commit and round merged; two after a long commit), and
-(`propose_batch`) one copy of the drafts back, the round's only sync.
+upload, one graph replay (commit and round merged; two after a long commit), and, when the
+host wants the drafts (`collect`, `propose_batch`), one copy of them back, the round's only
+sync. Drafts left on the device (`deferred`) need no copy of their own: the engine reads them
+with the verification's tokens (`discard` then ends the round).
 
 Streams map to ring slots, allocated at a stream's first position (`taps_dst` or `observe`
 from position 0) and freed by `reset`; when every slot is taken the least recently used
@@ -202,25 +204,33 @@ class PluginDrafterProposer:
         ready, commit, rnd = batch
         with self._on_stream():
             drafts, _ = self.runner.step(commit, rnd)
-            self._inflight = (ready, self.runner.start_read(drafts), drafts)
+        self._inflight = (ready, drafts)
 
     def deferred(self) -> DeferredDrafts | None:
         """The last `launch`'s drafts on the device without waiting for them (None when it had
         no ready stream or was collected); `collect` still returns them on the host."""
         if self._inflight is None:
             return None
-        ready, _, drafts = self._inflight
+        ready, drafts = self._inflight
         out = self.runner.drafts_out[:drafts.numel()].view(drafts.shape)   # the same ids
         return DeferredDrafts(list(ready), out, self.stream)
 
     def collect(self) -> dict[str, list[int]]:
-        """The drafts of the last `launch` (waits for them: the round's one host sync), by
-        request id; {} when it had no ready stream or was collected already."""
+        """The drafts of the last `launch` on the host, by request id: one copy from the
+        device (on the round's stream, after it) and a wait for it, the round's one host
+        sync; {} when it had no ready stream or was collected or discarded already."""
         inflight, self._inflight = self._inflight, None
         if inflight is None:
             return {}
-        ready, host, _ = inflight
+        ready, drafts = inflight
+        with self._on_stream():
+            host = self.runner.start_read(drafts)
         return dict(zip(ready, self.runner.finish_read(host)))
+
+    def discard(self) -> None:
+        """End the last `launch`'s round without reading its drafts here (the caller read
+        them from the device: `deferred`)."""
+        self._inflight = None
 
     @contextmanager
     def _on_stream(self):

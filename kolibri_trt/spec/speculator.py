@@ -27,7 +27,8 @@ class Speculator:
     the round runs while the host prepares the next step; `propose_all` waits for it, unless
     `defer`: then the drafter's drafts stay on the device (`DeferredDrafts`, `take_deferred`):
     `propose_all` returns placeholders (zeros) for them, the target pass reads the real ones
-    on the device, and the engine reads them at verification (`resolve_deferred`)."""
+    on the device, and the engine reads them at verification, in the copy of the target's
+    tokens (`discard_deferred`; `resolve_deferred` reads them alone)."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
                  min_ngram: int = 2, max_ngram: int = 4, gate: str = "always",
@@ -130,8 +131,13 @@ class Speculator:
 
     def resolve_deferred(self) -> dict[str, list[int]]:
         """The host copy of the deferred round's drafts (`take_deferred`'s), by request id:
-        waits for the round's copy to the host (by now long done)."""
+        one copy from the device and a wait for it."""
         return self.drafter.collect()
+
+    def discard_deferred(self) -> None:
+        """The deferred round's drafts were read from the device (with the verification's
+        tokens): end the round without a host copy of its own."""
+        self.drafter.discard()
 
     def prefetch(self, items: list[tuple[str, list[int], int]]) -> None:
         """After a step (overlap only): start the next step's drafter round, without waiting,

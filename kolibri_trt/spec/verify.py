@@ -51,17 +51,31 @@ def verify_batch(logits: torch.Tensor, drafts: list[list[int]], params: list[Sam
     stream's params and its position (`sampling.sample`), so the verdicts equal S single calls.
     Raises ValueError when the row count or the list lengths do not match.
     """
-    if not len(drafts) == len(params) == len(first_positions):
-        raise ValueError(f"drafts, params, first_positions: lengths {len(drafts)}, "
+    own = target_choices(logits, [len(d) for d in drafts], params, first_positions)
+    return accept(own.tolist(), drafts)
+
+
+def target_choices(logits: torch.Tensor, num_drafts: list[int], params: list[SamplingParams],
+                   first_positions: list[int]) -> torch.Tensor:
+    """The target's own token for every row of :func:`verify_batch`'s logits, on their device
+    (int64 [sum_s (1 + k_s)]), k_s = num_drafts[s]: what :func:`accept` compares the drafts
+    with. Raises ValueError as :func:`verify_batch`."""
+    if not len(num_drafts) == len(params) == len(first_positions):
+        raise ValueError(f"drafts, params, first_positions: lengths {len(num_drafts)}, "
                          f"{len(params)}, {len(first_positions)} differ")
-    rows = sum(len(d) + 1 for d in drafts)
+    rows = sum(k + 1 for k in num_drafts)
     if logits.dim() != 2 or logits.shape[0] != rows:
         raise ValueError(f"logits: expected [{rows}, V], got {tuple(logits.shape)}")
     row_params, positions = [], []
-    for d, p, n in zip(drafts, params, first_positions):
-        row_params += [p] * (len(d) + 1)
-        positions += range(n, n + len(d) + 1)
-    own = sample(logits, row_params, positions).tolist()
+    for k, p, n in zip(num_drafts, params, first_positions):
+        row_params += [p] * (k + 1)
+        positions += range(n, n + k + 1)
+    return sample(logits, row_params, positions)
+
+
+def accept(own: list[int], drafts: list[list[int]]) -> list[Verdict]:
+    """Verdicts from the target's choices `own` (:func:`target_choices`, on the host): stream
+    s keeps its drafts while they equal its rows' choices, then takes the next choice."""
     out, r = [], 0
     for d in drafts:
         accepted = 0
