@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Why every engine built after the first in one process replays its CUDA graphs slower (H200:
-about 0.010 against 0.05-0.12 ms per target replay, bench/results/h200-2026-12-01/za/, zc/).
+about 0.010 against 0.05-0.12 ms per target replay, bench/results/h200-2026-11-30f/za/, zc/).
 
     python3 bench/graph_order.py --engine engines/mini-h200 [--engines 3] [--iters 200]
         [--out DIR]

@@ -5,10 +5,10 @@ turns prompt by prompt (the H200 host's speed drifts within a call). In one proc
 the CUDA graph replays of every engine after the first cost more host time: on the H200 the
 target's replay took 0.010-0.013 ms per step in the first engine a process built and
 0.05-0.12 ms in the later ones, whatever their graphs held
-(bench/results/h200-2026-12-01/za/). A server runs one engine, so here every mode runs in
+(bench/results/h200-2026-11-30f/za/). A server runs one engine, so here every mode runs in
 processes of its own (this script with --one-mode), the modes taking turns process by process
 in rotated order, K rounds; a mode's speed is the median over its K processes. (Measured so,
-copy+drafter fell further behind copy than in one process: bench/results/h200-2026-12-01/zb/;
+copy+drafter fell further behind copy than in one process: bench/results/h200-2026-11-30f/zb/;
 not yet explained.)
 """
 

@@ -2,7 +2,7 @@
 
 A decode step of a small model is host-bound: Python, the step's metadata and the driver calls
 that launch CUDA graphs. On the H200 machine one process's host speed drifted by up to 2x
-within a call and between processes (bench/results/h200-2026-11-30e/, h200-2026-12-01/zd/), as
+within a call and between processes (bench/results/h200-2026-11-30e/, h200-2026-11-30f/zd/), as
 it does when a thread migrates between cores or runs on a core far from the GPU. Serving stacks
 bind their workers to the CPUs next to their GPU for that reason (SGLang's NUMA binding,
 `numactl` in TensorRT-LLM's performance guide). Specs:
