@@ -21,7 +21,7 @@ from ..spec.metrics import SpecMetrics
 from ..spec.plugin_drafter_proposer import DeferredDrafts, PluginDrafterProposer
 from ..spec.speculator import MODES as SPECULATIVE_MODES
 from ..spec.speculator import Speculator
-from ..spec.verify import Verdict, accept, rejection_sample, target_choices, target_probs
+from ..spec.verify import Verdict
 from ..tokenizer import KolibriTokenizer
 from .batch import build_metadata
 from .cpu_affinity import apply as apply_cpu_affinity
@@ -34,6 +34,7 @@ from .output import OutputProcessor, RequestOutput
 from .plugin_loader import load_plugin_target
 from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
+from .step_verification import verify_step
 
 
 @dataclass(frozen=True)
@@ -292,58 +293,10 @@ class LLMEngine:
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
                     extra: dict[str, list[int]], on_device=None) -> dict[str, Verdict]:
-        """Verdicts for every sampling stream of `seqs` (logits: 1 + k rows each, in order).
-        Position-keyed streams go through one `target_choices` call and one host copy. With
-        "rejection_sampler" and T > 0: speculative sampling with a one-hot q (both proposers
-        draft deterministically), randomness from a generator seeded with the request's seed.
-        on_device: `_forward_deferred`'s (drafts, offsets) of drafts that stand as zeros in
-        `extra`: read in the keyed streams' copy (or from the host first, `resolve_deferred`,
-        when a stream samples by rejection); `extra`'s lists get them in place."""
-        keyed, spans, out, row = [], [], {}, 0
-        rejection = {q.request_id for q in seqs if self.args.acceptance_method !=
-                     "position-keyed" and extra.get(q.request_id) and q.params.temperature != 0}
-        if on_device is not None and rejection:
-            _put_host_drafts(extra, self.speculator.resolve_deferred())
-            on_device = None
-        for seq in seqs:
-            d = extra.get(seq.request_id, [])
-            span = (row, row + 1 + len(d))
-            row = span[1]
-            if seq.request_id not in rejection:
-                keyed.append(seq)
-                spans.append(span)
-                continue
-            if seq.generator is None:
-                seq.generator = torch.Generator().manual_seed(seq.params.resolved_seed)
-            p = target_probs(logits[span[0]:span[1]], seq.params).cpu()
-            q = torch.zeros(len(d), p.shape[1])
-            q[torch.arange(len(d)), torch.tensor(d)] = 1.0
-            out[seq.request_id] = rejection_sample(p, q, d, seq.generator)
-        if keyed:
-            rows = logits if len(keyed) == len(seqs) else torch.cat(
-                [logits[a:b] for a, b in spans])
-            out.update(self._verify_keyed(keyed, rows, extra, on_device))
-        elif on_device is not None:
-            self.speculator.discard_deferred()
-        return out
-
-    def _verify_keyed(self, keyed: list[Sequence], rows: torch.Tensor,
-                      extra: dict[str, list[int]], on_device) -> dict[str, Verdict]:
-        """`_verify_all`'s position-keyed streams: their rows' own tokens, with the deferred
-        drafts (on_device) in the same copy to the host, then `accept`."""
-        own = target_choices(rows, [len(extra.get(q.request_id, ())) for q in keyed],
-                             [q.params for q in keyed], [len(q.output_token_ids) for q in keyed])
-        if on_device is None:
-            chosen = own.tolist()
-        else:
-            drafts, offsets = on_device
-            both = torch.cat([own, drafts.reshape(-1).to(own.device)]).tolist()
-            chosen, flat = both[:own.numel()], both[own.numel():]
-            width = int(drafts.shape[1])
-            _put_host_drafts(extra, {rid: flat[o:o + width] for rid, o in offsets.items()})
-            self.speculator.discard_deferred()
-        found = accept(chosen, [extra.get(q.request_id, []) for q in keyed])
-        return {q.request_id: v for q, v in zip(keyed, found)}
+        """`step_verification.verify_step` with this engine's speculator and acceptance
+        method (a method of its own, so that profilers can time it)."""
+        return verify_step(seqs, logits, extra, self.speculator, self.args.acceptance_method,
+                           on_device)
 
     def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
         """Drafts for every running stream that is past its prefill (one batched round)."""
@@ -441,10 +394,3 @@ class LLMEngine:
             self.scheduler.waiting.remove(seq)
         self.scheduler.finish(seq)
         self.speculator.drop(request_id)
-
-
-def _put_host_drafts(extra: dict[str, list[int]], drafts: dict[str, list[int]]) -> None:
-    """Replace the placeholder drafts in `extra`'s lists, in place, by the real ones."""
-    for rid, tokens in drafts.items():
-        if rid in extra:
-            extra[rid][:] = tokens[:len(extra[rid])]
