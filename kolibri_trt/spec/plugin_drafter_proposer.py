@@ -45,8 +45,9 @@ OWN_STREAM = False
 @dataclass
 class DeferredDrafts:
     """The drafts of a launched round, left on the device: the target pass reads them from
-    there (`PluginRunner.forward`'s draft_ids), the host only at verification
-    (`PluginDrafterProposer.collect`), so no host sync sits between the round and the pass."""
+    there (`PluginRunner.forward`'s draft_ids), the host only at verification, in the copy
+    of the target's tokens (`runtime/step_verification.py`; `collect` reads them alone), so
+    no host sync sits between the round and the pass."""
 
     request_ids: list[str]               # the round's ready streams, in its row order
     drafts: torch.Tensor                 # int64 [S, depth*B] target ids, the drafter's device:
