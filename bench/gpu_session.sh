@@ -151,6 +151,10 @@
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=zh bash bench/gpu_session.sh   pipelined loads (~7 min): INT4 and FP8 paged attention
+#       with num_stages 5 (two code buffers; 2-4 compile to one), PART and tile variants
+#       (bench/int4_attn_tune.py, checks on the two best); the MoE expert GEMM with its row tiles
+#       outside the K loop (bench/moe_pipeline.py, bits vs the old loop) and gpu_check moe.
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -500,6 +504,11 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     evalmini isolated_gpu_local 260 "${E[@]}" --cpu-affinity gpu-local \
       --json "$OUT/eval_isolated_gpu_local.json"
     evalmini isolated 260 "${E[@]}" --json "$OUT/eval_isolated.json"
+    ;;
+  zh)
+    step attn_tune 330 python3 bench/int4_attn_tune.py --budget 220 --checks 2
+    step moe_pipeline 150 python3 bench/moe_pipeline.py --out "$OUT"
+    step moe_check 90 python3 bench/gpu_check.py --only moe
     ;;
   zg)
     unpack carry-b

@@ -39,6 +39,10 @@ TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
+# Row tiles outside the K loop (_unit_rows_outer): the loop then has no branch and Triton
+# pipelines its loads; the per-unit K loop with the row tiles inside (_unit) is not pipelined
+# (AOT for sm_90: no cp.async). Same bits either way. Measured in bench/moe_pipeline.py.
+ROWS_OUTER = True
 
 
 @jit
@@ -166,12 +170,102 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
 
 
 @jit
+def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+               M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+               M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
+               SPLIT: tl.constexpr):
+    """Row tile t of one expert on this program's n-tile: its own pass over the weight tile.
+    The K loop holds no branch, so Triton pipelines its loads (cp.async, 2 buffers at
+    num_stages 3). With the row tiles inside the K loop (before 2026-11-30g) the branch around
+    each tile's dots kept Triton from pipelining (AOT for sm_90: no cp.async); H200, same bits:
+    M=1 50.3 -> 41.5 µs, M=16 239.7 -> 202.1, M=64 821.5 -> 719.9 (bench/moe_pipeline.py). A
+    second row tile re-reads the weights (mostly from L2): only experts with > ROWS tokens."""
+    arow, valid, count = _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
+    if count > t * ROWS:
+        if SPLIT == 1:
+            k_lo = 0
+            k_hi = k_in
+        else:
+            k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
+        g = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        up = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kx = k0 + tl.arange(0, BLOCK_K)
+            wm = nmask[:, None] & (kx < k_in)[None, :]
+            wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
+            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else wg.to(tl.bfloat16))
+            xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
+                         mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
+            if DOT_F32:
+                xt = xt.to(tl.float32)
+            g = tl.dot(xt, wg, g)
+            if GATED:
+                wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :],
+                             mask=wm, other=0.0)
+                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else wu.to(tl.bfloat16))
+                up = tl.dot(xt, wu, up)
+        _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s, sp_s,
+                    sp_g, TOPK, GATED, ROWS, M_P, K_P, SPLIT)
+
+
+@jit
+def _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s, sp_s, sp_g,
+                TOPK: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr, M_P: tl.constexpr,
+                K_P: tl.constexpr, SPLIT: tl.constexpr):
+    """Write row tile t's outputs: unscaled partials (SPLIT > 1), bf16 silu(s·g)·(s·up) (GATED)
+    or fp32 s·g."""
+    tok, tslot, valid, _c = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
+    orow = (tok.to(tl.int64) * (TOPK + 1) + tslot) * so_s
+    omask = valid[:, None] & nmask[None, :]
+    if SPLIT > 1:  # unscaled partials of K range program_id(2)
+        pb = o_ptr + tl.program_id(2).to(tl.int64) * sp_s + orow[:, None] + n[None, :]
+        tl.store(pb, g, mask=omask)
+        if GATED:
+            tl.store(pb + sp_g, up, mask=omask)
+    elif GATED:
+        gs = g * scale
+        h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
+        tl.store(o_ptr + orow[:, None] + n[None, :], h.to(tl.bfloat16), mask=omask)
+    else:
+        tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
+
+
+@jit
+def _unit_rows_outer(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
+                     M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
+                     TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
+                     M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
+                     SPLIT: tl.constexpr):
+    """One expert (e, or the shared one) on n-tile program_id(1) (K range program_id(2)):
+    every token that picked it, one pass over the expert's weight tile per 16-row tile."""
+    n_out = tl.where(is_shared, N_SH, N)
+    k_in = tl.where(is_shared, K_SH, K)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if tl.program_id(1) * BLOCK_N < n_out:
+        rows_w = 2 * n_out if GATED else n_out
+        if is_shared:
+            wb = shw_ptr
+            scale = tl.load(shs_ptr)
+        else:
+            wb = w_ptr + e.to(tl.int64) * rows_w * k_in
+            scale = tl.load(ws_ptr + e)
+        nmask = n < n_out
+        for t in tl.static_range(MT):
+            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+                       M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
+                       M_P, K_P, DOT_F32, SPLIT)
+
+
+@jit
 def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
-                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
+                       ROWS_OUTER: tl.constexpr = False):
     """Program (u, n-tile[, K range]): unit u runs only if its expert first appears at u (or u is
     the shared expert). SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at
     +sp_g, slot stride so_s); program_id(2) is the K range."""
@@ -181,7 +275,12 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
     e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
     first = tl.sum((prev == e).to(tl.int32), 0) == 0
-    if first | is_shared:
+    if ROWS_OUTER:
+        if first | is_shared:
+            _unit_rows_outer(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
+                             M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED,
+                             BLOCK_N, BLOCK_K, ROWS, MT, M_P, K_P, DOT_F32, SPLIT)
+    elif first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
               MT, M_P, K_P, DOT_F32, SPLIT)
@@ -246,7 +345,8 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
-                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
+                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, ROWS_OUTER=ROWS_OUTER,
+                interpret=interpret, **TUNE)
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
