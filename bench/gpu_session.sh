@@ -155,6 +155,10 @@
 #       with num_stages 5 (two code buffers; 2-4 compile to one), PART and tile variants
 #       (bench/int4_attn_tune.py, checks on the two best); the MoE expert GEMM with its row tiles
 #       outside the K loop (bench/moe_pipeline.py, bits vs the old loop) and gpu_check moe.
+#   PART=zi bash bench/gpu_session.sh   the new attention defaults and fewer warps (~9 min):
+#       int4_attn_tune round 2 (1-2 warps; FP8 warps), gpu_check int4 + fp8attn on the file
+#       defaults, bench/graph_order.py (PART zg), fullsize decode (the pipelined MoE in whole
+#       steps).                                                  carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -509,6 +513,13 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step attn_tune 330 python3 bench/int4_attn_tune.py --budget 220 --checks 2
     step moe_pipeline 150 python3 bench/moe_pipeline.py --out "$OUT"
     step moe_check 90 python3 bench/gpu_check.py --only moe
+    ;;
+  zi)
+    unpack carry-b
+    step attn_tune 170 python3 bench/int4_attn_tune.py --budget 110 --checks 2
+    step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
+    step graph_order 120 python3 bench/graph_order.py --engine engines/mini-h200 --out "$OUT"
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 150
     ;;
   zg)
     unpack carry-b

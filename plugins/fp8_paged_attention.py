@@ -17,9 +17,12 @@ from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_p
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref)
 
-PART = 256  # positions per split (fixed: the reduction order must not depend on the batch)
+PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 64  # keys per inner step (H200 sweep, plugins/NOTES.md)
-TUNE = dict(num_warps=4, num_stages=2)  # launch config (bench/plugins.py sweeps it)
+# num_stages 5: the page lookup is a load the pipeliner spends a stage on; 2-4 compile to one
+# K/V buffer (the loop waits for every copy at its top), 5 to two (bench/int4_attn_tune.py,
+# H200 32k: B=16 263.2 -> 221.8 µs, B=1 30.6 -> 24.3 with PART 256 -> 512; plugins/NOTES.md)
+TUNE = dict(num_warps=4, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 
 
 @jit

@@ -30,7 +30,9 @@ BLOCK_N = 128  # keys per inner step (H200 sweep, plugins/NOTES.md)
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
 K_IN_REGS = True  # decode K in the MMA operand registers (True) or in the load layout (False)
 V_IN_REGS = False  # the same for V (True: byte gathers from shared memory; False: fp16 staging)
-TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+# num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); H200 32k
+# B=16 187.4 -> 180.9 µs, B=1 21.2 -> 20.0 (bench/int4_attn_tune.py, plugins/NOTES.md)
+TUNE = dict(num_warps=4, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 
 
 @jit

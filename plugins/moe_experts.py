@@ -2,8 +2,9 @@
 
 One launch covers the routed experts and the shared one. Program (u, n-tile): unit u < M·k is the
 (token, slot) pair u of ``ids`` [M, k]; it runs only if its expert id appears for the first time
-at u (row-major), and then serves every token that picked that expert, in one pass over the
-expert's weight tile. Unit M·k is the shared expert (all tokens, slot k).
+at u (row-major), and then serves every token that picked that expert: one pass over the
+expert's weight tile per 16 of its tokens (almost always one). Unit M·k is the shared expert
+(all tokens, slot k).
 - GATED (gate_up): w [E, 2N, K] (rows 0..N-1 gate_proj, N..2N-1 up_proj), input x [M, K];
   writes act[m, slot, :N] = bf16(silu(s_e·x·gateᵀ) · (s_e·x·upᵀ)).
 - not GATED (down): w [E, N, K], input act[m, slot, :K]; writes out[m, slot, :N] = fp32 s_e·act·wᵀ.
@@ -39,10 +40,7 @@ TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
-# Row tiles outside the K loop (_unit_rows_outer): the loop then has no branch and Triton
-# pipelines its loads; the per-unit K loop with the row tiles inside (_unit) is not pipelined
-# (AOT for sm_90: no cp.async). Same bits either way. Measured in bench/moe_pipeline.py.
-ROWS_OUTER = True
+
 
 
 @jit
@@ -75,98 +73,6 @@ def _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK: tl.constexpr, M_P: 
     """Input-row offsets, validity and the expert's token count for tile t (hoisted out of K)."""
     tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
     return tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s, valid, count
-
-
-@jit
-def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
-          M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
-          TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
-          DOT_F32: tl.constexpr, SPLIT: tl.constexpr):
-    """One expert (e, or the shared one) on n-tile program_id(1) (K range program_id(2)):
-    every token that picked it, in one pass over the expert's weight tile."""
-    n_out = tl.where(is_shared, N_SH, N)
-    k_in = tl.where(is_shared, K_SH, K)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if tl.program_id(1) * BLOCK_N < n_out:
-        rows_w = 2 * n_out if GATED else n_out
-        if is_shared:
-            wb = shw_ptr
-            scale = tl.load(shs_ptr)
-        else:
-            wb = w_ptr + e.to(tl.int64) * rows_w * k_in
-            scale = tl.load(ws_ptr + e)
-        nmask = n < n_out
-        g0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        g1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        g2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        g3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        u0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        u1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        u2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        u3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        r0, v0, count = _tile_src(ids_ptr, e, M, 0, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
-        r1, v1, _c = _tile_src(ids_ptr, e, M, 1, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
-        r2, v2, _c = _tile_src(ids_ptr, e, M, 2, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
-        r3, v3, _c = _tile_src(ids_ptr, e, M, 3, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
-        if SPLIT == 1:
-            k_lo = 0
-            k_hi = k_in
-        else:
-            k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kx = k0 + tl.arange(0, BLOCK_K)
-            wm = nmask[:, None] & (kx < k_in)[None, :]
-            wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
-            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else wg.to(tl.bfloat16))
-            if GATED:
-                wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm,
-                             other=0.0)
-                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else wu.to(tl.bfloat16))
-            for t in tl.static_range(MT):
-                if count > t * ROWS:
-                    arow = r0 if t == 0 else (r1 if t == 1 else (r2 if t == 2 else r3))
-                    valid = v0 if t == 0 else (v1 if t == 1 else (v2 if t == 2 else v3))
-                    xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
-                                 mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
-                    if DOT_F32:
-                        xt = xt.to(tl.float32)
-                    if t == 0:
-                        g0 = tl.dot(xt, wg, g0)
-                        if GATED:
-                            u0 = tl.dot(xt, wu, u0)
-                    elif t == 1:
-                        g1 = tl.dot(xt, wg, g1)
-                        if GATED:
-                            u1 = tl.dot(xt, wu, u1)
-                    elif t == 2:
-                        g2 = tl.dot(xt, wg, g2)
-                        if GATED:
-                            u2 = tl.dot(xt, wu, u2)
-                    else:
-                        g3 = tl.dot(xt, wg, g3)
-                        if GATED:
-                            u3 = tl.dot(xt, wu, u3)
-        for t in tl.static_range(MT):
-            if count > t * ROWS:
-                tok, tslot, valid, _c = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
-                                                   ROWS)
-                g = g0 if t == 0 else (g1 if t == 1 else (g2 if t == 2 else g3))
-                orow = (tok.to(tl.int64) * (TOPK + 1) + tslot) * so_s
-                omask = valid[:, None] & nmask[None, :]
-                if SPLIT > 1:  # unscaled partials of K range program_id(2)
-                    pb = o_ptr + tl.program_id(2).to(tl.int64) * sp_s + orow[:, None] + n[None, :]
-                    tl.store(pb, g, mask=omask)
-                    if GATED:
-                        up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
-                        tl.store(pb + sp_g, up, mask=omask)
-                elif GATED:
-                    up = u0 if t == 0 else (u1 if t == 1 else (u2 if t == 2 else u3))
-                    gs = g * scale
-                    h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
-                    tl.store(o_ptr + orow[:, None] + n[None, :], h.to(tl.bfloat16), mask=omask)
-                else:
-                    tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
 
 
 @jit
@@ -232,7 +138,7 @@ def _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s
 
 
 @jit
-def _unit_rows_outer(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
+def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
                      M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
                      TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
@@ -264,8 +170,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
-                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
-                       ROWS_OUTER: tl.constexpr = False):
+                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
     """Program (u, n-tile[, K range]): unit u runs only if its expert first appears at u (or u is
     the shared expert). SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at
     +sp_g, slot stride so_s); program_id(2) is the K range."""
@@ -275,12 +180,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
     e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
     first = tl.sum((prev == e).to(tl.int32), 0) == 0
-    if ROWS_OUTER:
-        if first | is_shared:
-            _unit_rows_outer(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
-                             M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED,
-                             BLOCK_N, BLOCK_K, ROWS, MT, M_P, K_P, DOT_F32, SPLIT)
-    elif first | is_shared:
+    if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
               MT, M_P, K_P, DOT_F32, SPLIT)
@@ -345,8 +245,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
-                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, ROWS_OUTER=ROWS_OUTER,
-                interpret=interpret, **TUNE)
+                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
