@@ -159,6 +159,9 @@
 #       int4_attn_tune round 2 (1-2 warps; FP8 warps), gpu_check int4 + fp8attn on the file
 #       defaults, bench/graph_order.py (PART zg), fullsize decode (the pipelined MoE in whole
 #       steps).                                                  carry: engines/carry-b.tar.xz
+#   PART=zj bash bench/gpu_session.sh   the one-warp attention defaults (~9 min): int4_attn_tune
+#       round 3, gpu_check int4 + fp8attn on the file defaults (sliding layers keep theirs), then
+#       the whole bench/plugins.py table (issue 6's figures).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -520,6 +523,11 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
     step graph_order 120 python3 bench/graph_order.py --engine engines/mini-h200 --out "$OUT"
     step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 150
+    ;;
+  zj)
+    step attn_tune 130 python3 bench/int4_attn_tune.py --budget 80 --checks 1
+    step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
+    step plugins 330 python3 bench/plugins.py --csv "$OUT/plugins.csv"
     ;;
   zg)
     unpack carry-b

@@ -45,16 +45,17 @@ HQ, HKV, CTX, BLK = 20, 4, 32768, 64
 # {256,512,1024}, stages {2,3,4}, K_IN_REGS {0,1}: see plugins/NOTES.md. Stages 2-4 all compile to
 # ONE code buffer when the page lookup is itself a load (the pipeliner spends a stage on it): the
 # loop then waits for every copy at its top. Stages 5 give two buffers (plugins/NOTES.md, AOT).
-# Call 3 (2026-11-30g, zh): stages 5 beat 3 at every PART (512: 187.4 -> 180.9 µs at B=16);
-# 2 warps with 64-key tiles 166.0. This call: fewer warps (1, 2: the row max/sum stay in a warp).
-VARIANTS = [(512, 128, 4, 5, 1, 0, 0), (512, 64, 2, 5, 1, 0, 0), (512, 64, 1, 5, 1, 0, 0),
-            (512, 32, 1, 5, 1, 0, 0), (512, 64, 2, 5, 1, 1, 0), (1024, 64, 2, 5, 1, 0, 0),
-            (512, 64, 2, 5, 1, 0, 168), (768, 64, 2, 5, 1, 0, 0), (512, 64, 1, 5, 1, 1, 0),
-            (512, 128, 2, 5, 1, 0, 0), (256, 64, 1, 5, 1, 0, 0)]
-# FP8 full-causal variants (PART, BLOCK_N, num_stages, num_warps); the first is the file's default.
-# Call 3: stages 5 beat 2 at every PART; PART 512 the best at B=1 (24.3 µs), 2048 at B=16 (204.9).
-FP8_VARIANTS = [(512, 64, 5, 4), (512, 64, 5, 2), (512, 64, 5, 1), (512, 32, 5, 1),
-                (512, 128, 5, 2), (1024, 64, 5, 2), (2048, 64, 5, 4)]
+# Call 3 (2026-11-30g, zh): stages 5 beat 3 at every PART (512: 187.4 -> 180.9 µs at B=16).
+# Call 4 (zi): one warp and 32-key tiles the fastest at B=16 (INT4 133.2, FP8 163.7 µs), 4 warps
+# and 128-key tiles at B=1 (INT4 20.1 µs). This call: the new defaults first, then 16-key tiles
+# and neighbours.
+VARIANTS = [(512, 32, 1, 5, 1, 0, 0), (512, 16, 1, 5, 1, 0, 0), (1024, 32, 1, 5, 1, 0, 0),
+            (512, 32, 2, 5, 1, 0, 0), (512, 32, 1, 5, 1, 1, 0), (256, 32, 1, 5, 1, 0, 0),
+            (512, 32, 1, 6, 1, 0, 0)]
+# FP8 full-causal variants (PART, BLOCK_N, num_stages, num_warps); the first is the file's
+# full-causal default (fp8_paged_attention.PART_FULL, BLOCK_N_FULL, TUNE_FULL).
+FP8_VARIANTS = [(512, 32, 5, 1), (512, 16, 5, 1), (512, 32, 5, 2), (1024, 32, 5, 1),
+                (256, 32, 5, 1), (512, 64, 5, 2)]
 LOG: list[str] = []
 OUT = pathlib.Path(os.environ.get("OUT", "/tmp"))
 
@@ -128,15 +129,15 @@ def bench_fp8(B, results):
         if time.time() > DEADLINE:
             say(f"B={B} fp8 {v}: skipped (budget)")
             continue
-        FA.BLOCK_N = bn
-        FA.TUNE.update(num_warps=nw, num_stages=ns_)
+        FA.BLOCK_N_FULL = bn
+        FA.TUNE_FULL.update(num_warps=nw, num_stages=ns_)
         us = BP.time_calls([lambda b=bt + i * nb: fp8_paged_attention(q, kf, vf, one, one, b, sl, cu, CTX,
                                                                        1, window=0, part=part)
                             for i in range(ns)])
         results[(f"fp8 {v}", B)] = us
         say(f"B={B:2d} fp8 w=0 {str(v):19s}   {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s")
-    FA.BLOCK_N = FP8_VARIANTS[0][1]
-    FA.TUNE.update(num_warps=FP8_VARIANTS[0][3], num_stages=FP8_VARIANTS[0][2])
+    FA.BLOCK_N_FULL = FP8_VARIANTS[0][1]
+    FA.TUNE_FULL.update(num_warps=FP8_VARIANTS[0][3], num_stages=FP8_VARIANTS[0][2])
     del kf, vf
     torch.cuda.empty_cache()
 

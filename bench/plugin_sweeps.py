@@ -22,20 +22,22 @@ from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 
 
 # ---------------------------------------------------------------- tuning sweep
-def sweep_one(label, mod, settings, run, nbytes):
-    """Time ``run()`` (a list of zero-arg calls) under each dict of module attributes in settings.
+def sweep_one(label, mod, settings, run, nbytes, tune="TUNE"):
+    """Time ``run()`` (a list of zero-arg calls) under each dict of module attributes in settings
+    (num_warps / num_stages go into the module's launch-config dict named ``tune``).
     Returns [(cfg, µs)] of the configs that ran."""
     import itertools
     keys = list(settings)
     saved = {k: getattr(mod, k) for k in keys if k not in ("num_warps", "num_stages")}
-    saved_tune = dict(mod.TUNE)
+    tune_d = getattr(mod, tune)
+    saved_tune = dict(tune_d)
     best = None
     results = []
     for combo in itertools.product(*settings.values()):
         cfg = dict(zip(keys, combo))
         for k, v in cfg.items():
             if k in ("num_warps", "num_stages"):
-                mod.TUNE[k] = v
+                tune_d[k] = v
             else:
                 setattr(mod, k, v)
         try:
@@ -48,12 +50,12 @@ def sweep_one(label, mod, settings, run, nbytes):
             print(f"sweep {label} {cfg} failed: {str(exc)[:200]}", flush=True)
     for k, v in saved.items():
         setattr(mod, k, v)
-    mod.TUNE.clear()
-    mod.TUNE.update(saved_tune)
+    tune_d.clear()
+    tune_d.update(saved_tune)
     if best is not None and PT.APPLY_BEST:  # later sections of this run use the winner
         for k, v in best[1].items():
             if k in ("num_warps", "num_stages"):
-                mod.TUNE[k] = v
+                tune_d[k] = v
             else:
                 setattr(mod, k, v)
     print(f"BEST {label}: {best}", flush=True)
@@ -162,7 +164,7 @@ def bench_sweep(quick):
     vc = torch.randint(0, 256, (nb, blk, hkv, 64), dtype=torch.uint8, device=DEV)
     km = (torch.rand((nb, blk, hkv, 2), device=DEV) * 0.1).half()
     vm = (torch.rand((nb, blk, hkv, 2), device=DEV) * 0.1).half()
-    att = dict(PART=[512, 2048], BLOCK_N=[64, 128], num_warps=[4, 8], num_stages=[2, 3])
+    att = dict(PART=[512, 1024], BLOCK_N=[16, 32, 64], num_warps=[1, 2], num_stages=[5])
     sweep_one("int4 attn B=16 32k", ia, att, lambda: [
         lambda: int4_paged_attention(q, kc, vc, km, vm, bt, sl, cu, ctx, 1, part=ia.PART)],  # noqa: F821
         B * ctx * hkv * 136)
@@ -170,9 +172,11 @@ def bench_sweep(quick):
     kf = torch.randn((nb, blk, hkv, 128), device=DEV).to(E4M3)
     vf = torch.randn((nb, blk, hkv, 128), device=DEV).to(E4M3)
     one = torch.ones(1, device=DEV)
-    sweep_one("fp8 attn w=0 B=16 32k", fa, att, lambda: [
-        lambda: fp8_paged_attention(q, kf, vf, one, one, bt, sl, cu, ctx, 1, window=0, part=fa.PART)],  # noqa: F821
-        B * ctx * hkv * 256)
+    att_full = dict(PART_FULL=att["PART"], BLOCK_N_FULL=att["BLOCK_N"], num_warps=att["num_warps"],
+                    num_stages=att["num_stages"])
+    sweep_one("fp8 attn w=0 B=16 32k", fa, att_full, lambda: [
+        lambda: fp8_paged_attention(q, kf, vf, one, one, bt, sl, cu, ctx, 1, window=0,  # noqa: F821
+                                    part=fa.PART_FULL)], B * ctx * hkv * 256, tune="TUNE_FULL")
     del kf, vf
     N, K = 131072, 2560
     w = (torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=DEV),

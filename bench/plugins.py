@@ -125,9 +125,8 @@ def attn_bench(B, ctx, blk, q_len, quick):
         ns = max(1, min(sets_for(nbytes), int(8e9 // (B * ctx * hkv * 256))))
         kf = torch.randn((ns * nb, blk, hkv, 128), device=DEV).to(E4M3)
         vf = torch.randn((ns * nb, blk, hkv, 128), device=DEV).to(E4M3)
-        part = 2048 if w == 0 else None  # full layers: the PART that won the B=16 32k sweep
         us = time_calls([lambda b=bt + i * nb: fp8_paged_attention(q, kf, vf, one, one, b, sl, cu, ctx,  # noqa: F821
-                                                                    q_len, window=w, part=part)
+                                                                    q_len, window=w)
                          for i in range(ns)])
         report(f"fp8_paged_attn w={w}", tag, us, nbytes, stock.get(w))
         del kf, vf

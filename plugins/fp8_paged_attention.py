@@ -17,12 +17,25 @@ from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_p
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref)
 
-PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
-BLOCK_N = 64  # keys per inner step (H200 sweep, plugins/NOTES.md)
-# num_stages 5: the page lookup is a load the pipeliner spends a stage on; 2-4 compile to one
-# K/V buffer (the loop waits for every copy at its top), 5 to two (bench/int4_attn_tune.py,
-# H200 32k: B=16 263.2 -> 221.8 µs, B=1 30.6 -> 24.3 with PART 256 -> 512; plugins/NOTES.md)
-TUNE = dict(num_warps=4, num_stages=5)  # launch config (bench/plugins.py sweeps it)
+# Launch settings per layer kind (each fixed: PART and BLOCK_N set the reduction order, which
+# must not depend on the batch). Sliding layers (window > 0: at most window + q keys, 2-3
+# partitions per stream) keep the first H200 sweep's settings (plugins/NOTES.md, v2).
+PART = 256  # positions per split, sliding layers
+BLOCK_N = 64  # keys per inner step, sliding layers
+TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/plugins.py sweeps it)
+# Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
+# on the H200 at 32k (plugins/NOTES.md, "Pipelined loads"): num_stages 5 gives two K/V buffers
+# (2-4 compile to one: the page lookup takes a stage); one warp per program keeps the row
+# max/sum in the warp (no barriers) and lets more programs share an SM. B=16: 263.2 µs (the
+# sliding settings) -> 163.7 µs (3.28 TB/s); B=1: 30.6 -> 30.5 µs.
+PART_FULL = 512
+BLOCK_N_FULL = 32
+TUNE_FULL = dict(num_warps=1, num_stages=5)
+
+
+def settings(window: int) -> tuple[int, int, dict]:
+    """(default PART, BLOCK_N, launch config) of the layer kind: sliding (window > 0) or full."""
+    return (PART, BLOCK_N, TUNE) if window > 0 else (PART_FULL, BLOCK_N_FULL, TUNE_FULL)
 
 
 @jit
@@ -125,9 +138,10 @@ def _(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, 
 
 def _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
+    _, block_n, tune = settings(window)
     return launch_paged(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
-                        interpret, BLOCK_N, TUNE)
+                        interpret, block_n, tune)
 
 
 def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens,
@@ -145,8 +159,9 @@ def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq
         max_seq_len, max_q_len: host ints bounding seq_lens and the per-stream query counts.
         window: 513 for Kolibri-1's sliding layers; 0 = full causal.
         sm_scale: softmax scale (None = 1/sqrt(128)).
-        part: positions per split (a multiple of 64; None = module PART); keep it fixed (it sets
-            the reduction order).
+        part: positions per split (a multiple of the layer kind's BLOCK_N; None = PART for
+            sliding layers, PART_FULL for full causal); keep it fixed (it sets the reduction
+            order).
         interpret: run the Triton kernels in the interpreter on CPU tensors (tests only).
     Returns: bf16 [total_q, Hq, 128].
     Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
@@ -155,9 +170,10 @@ def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq
     """
     check_tensor("k_cache", k_cache, torch.float8_e4m3fn, (None, None, None, HEAD_DIM), q.device)
     nb, blk, hkv = k_cache.shape[:3]
-    part = PART if part is None else part
+    default_part, block_n, _ = settings(window)
+    part = default_part if part is None else part
     check_common(q, block_tables, seq_lens, cu_q_lens, hkv, blk, max_seq_len, max_q_len, window,
-                 part, BLOCK_N)
+                 part, block_n)
     check_tensor("v_cache", v_cache, torch.float8_e4m3fn, tuple(k_cache.shape), q.device)
     check_scalar_tensor("k_scale", k_scale, q.device)
     check_scalar_tensor("v_scale", v_scale, q.device)

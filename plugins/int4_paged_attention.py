@@ -26,13 +26,15 @@ from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
 from .qk_norm_fold_int4 import dequantize_int4_ref
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
-BLOCK_N = 128  # keys per inner step (H200 sweep, plugins/NOTES.md)
+BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md)
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
 K_IN_REGS = True  # decode K in the MMA operand registers (True) or in the load layout (False)
 V_IN_REGS = False  # the same for V (True: byte gathers from shared memory; False: fp16 staging)
-# num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); H200 32k
-# B=16 187.4 -> 180.9 µs, B=1 21.2 -> 20.0 (bench/int4_attn_tune.py, plugins/NOTES.md)
-TUNE = dict(num_warps=4, num_stages=5)  # launch config (bench/plugins.py sweeps it)
+# num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
+# per program: the row max/sum stay in the warp (no barriers), more programs per SM. H200 32k
+# (bench/int4_attn_tune.py, plugins/NOTES.md): B=16 187.4 µs (BLOCK_N 128, 4 warps, stages 3)
+# -> 133.2 µs, B=1 21.2 -> 24.4 µs.
+TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 
 
 @jit
