@@ -528,6 +528,8 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step attn_tune 130 python3 bench/int4_attn_tune.py --budget 80 --checks 1
     step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
     step plugins 330 python3 bench/plugins.py --csv "$OUT/plugins.csv"
+    tar -C "$OUT" -czf /tmp/zj_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/zj_results.tar.gz "$OUT/"
     ;;
   zg)
     unpack carry-b
