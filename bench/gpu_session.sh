@@ -162,6 +162,9 @@
 #   PART=zj bash bench/gpu_session.sh   the one-warp attention defaults (~9 min): int4_attn_tune
 #       round 3, gpu_check int4 + fp8attn on the file defaults (sliding layers keep theirs), then
 #       the whole bench/plugins.py table (issue 6's figures).
+#   PART=zk bash bench/gpu_session.sh   the INT4 kernel's mask-free tiles, biased value codes and
+#       conditional rescaling (int4_attn_tune round 4, checks on the three best), then the
+#       attention rows of bench/plugins.py on the file defaults (~5 min).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -530,6 +533,12 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step plugins 330 python3 bench/plugins.py --csv "$OUT/plugins.csv"
     tar -C "$OUT" -czf /tmp/zj_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/zj_results.tar.gz "$OUT/"
+    ;;
+  zk)
+    step attn_tune 200 python3 bench/int4_attn_tune.py --budget 120 --checks 3
+    step plugins_attn 200 python3 bench/plugins.py --only attn --csv "$OUT/plugins_attn.csv"
+    tar -C "$OUT" -czf /tmp/zk_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/zk_results.tar.gz "$OUT/"
     ;;
   zg)
     unpack carry-b

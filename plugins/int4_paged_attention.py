@@ -30,6 +30,9 @@ BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md)
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
 K_IN_REGS = True  # decode K in the MMA operand registers (True) or in the load layout (False)
 V_IN_REGS = False  # the same for V (True: byte gathers from shared memory; False: fp16 staging)
+MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (full causal only)
+V_BIAS = True  # value codes decoded biased like the keys' (0.75 instead of 1.25 instr/code)
+LAZY_TAU = 0.0  # > 0: rescale the accumulators only when a row max grows by more (log2 units)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the row max/sum stay in the warp (no barriers), more programs per SM. H200 32k
 # (bench/int4_attn_tune.py, plugins/NOTES.md): B=16 187.4 µs (BLOCK_N 128, 4 warps, stages 3)
@@ -84,11 +87,90 @@ def _meta(m_ptr, off, mask):
 
 
 @jit
+def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+          k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, MASKED: tl.constexpr,
+          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
+          K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, V_BIAS: tl.constexpr,
+          LAZY_TAU: tl.constexpr, DOT_F32: tl.constexpr):
+    """One BLOCK_N-key tile of the online softmax: returns the updated (m, l, acc_e, acc_o,
+    acc_c, ps). MASKED=False: every key of the tile is visible to every row (no mask math).
+    V_BIAS: value codes stay biased like the keys' (1024 + c, 1024 + 16·c) and ps = Σ fp16(p·s)
+    carries the bias out (the caller subtracts 1024·ps)."""
+    kpos = n0 + i_n
+    kval = (kpos >= k_lo) & (kpos < k_hi)
+    # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
+    # invisible keys meet p = 0 and zeroed (masked) scale and offset.
+    if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
+        phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
+        base = (phys * BLOCK + n0 % BLOCK) * HKV
+        kc = tl.load(kc_p + base * (D // 2) + offs)
+        vc = tl.load(vc_p + base * (D // 2) + offs)
+        ks, ko = _meta(km_p + base, i_n * HKV, kval)
+        vs, vo = _meta(vm_p + base, i_n * HKV, kval)
+    else:
+        phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
+        kh = (phys.to(tl.int64) * BLOCK + kpos % BLOCK) * HKV
+        b = tl.arange(0, D // 2)
+        kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
+        vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
+        ks, ko = _meta(km_p, kh, kval)
+        vs, vo = _meta(vm_p, kh, kval)
+    klo, khi = _codes_f16(kc, False, K_IN_REGS, USE_ASM)
+    if DOT_F32:
+        klo = klo.to(tl.float32)
+        khi = khi.to(tl.float32)
+    sc = tl.dot(q_o, tl.trans(khi), acc=tl.dot(q_e, tl.trans(klo), acc=bias))
+    sc = sc * (ks * qk_scale)[None, :] + qsum[:, None] * ko[None, :]
+    if MASKED:
+        vis = (kpos[None, :] >= lo_r[:, None]) & (kpos[None, :] <= hi_r[:, None])
+        sc = tl.where(vis, sc, float("-inf"))
+    m_tile = tl.max(sc, 1)
+    if LAZY_TAU > 0:
+        # keep the running max unless a row's max grew by more than LAZY_TAU (log2 units), so
+        # the accumulators are rescaled only then (FlashAttention-4's conditional rescaling);
+        # p stays below 2^LAZY_TAU. The test is one value per tile (the same for every lane).
+        grow = tl.max(tl.where(m_tile > m_i, m_tile - m_i, 0.0), 0)
+        if grow > LAZY_TAU:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i = l_i * alpha
+            acc_c = acc_c * alpha
+            ps = ps * alpha
+            acc_e = acc_e * alpha[:, None]
+            acc_o = acc_o * alpha[:, None]
+            m_i = m_new
+    else:
+        m_new = tl.maximum(m_i, m_tile)
+        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+        l_i = l_i * alpha
+        acc_c = acc_c * alpha
+        ps = ps * alpha
+        acc_e = acc_e * alpha[:, None]
+        acc_o = acc_o * alpha[:, None]
+        m_i = m_new
+    pr = tl.exp2(sc - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+    l_i = l_i + tl.sum(pr, 1)
+    acc_c = acc_c + tl.sum(pr * vo[None, :], 1)
+    vlo, vhi = _codes_f16(vc, not V_BIAS, V_IN_REGS, USE_ASM)
+    pv = (pr * vs[None, :]).to(tl.float16)
+    if V_BIAS:
+        ps = ps + tl.sum(pv.to(tl.float32), 1)
+    if DOT_F32:
+        pv = pv.to(tl.float32)
+        vlo = vlo.to(tl.float32)
+        vhi = vhi.to(tl.float32)
+    acc_e = tl.dot(pv, vlo, acc=acc_e)
+    acc_o = tl.dot(pv, vhi, acc=acc_o)
+    return m_i, l_i, acc_e, acc_o, acc_c, ps
+
+
+@jit
 def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cuq_ptr,
                       m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                      K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, DOT_F32: tl.constexpr):
+                      K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, DOT_F32: tl.constexpr,
+                      MASK_FREE: tl.constexpr, V_BIAS: tl.constexpr, LAZY_TAU: tl.constexpr):
     pid = tl.program_id(0)
     j = tl.program_id(1)
     rt = pid % RT
@@ -130,56 +212,37 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         acc_e = tl.zeros([BLOCK_M, D // 2], tl.float32)
         acc_o = tl.zeros([BLOCK_M, D // 2], tl.float32)
         acc_c = tl.zeros([BLOCK_M], tl.float32)
+        ps = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
         offs = (i_n * HKV)[:, None] * (D // 2) + b[None, :]  # a page's keys: stride HKV rows
         kc_p = kc_ptr + h * (D // 2)
         vc_p = vc_ptr + h * (D // 2)
         km_p = km_ptr.to(tl.pointer_type(tl.uint32)) + h
         vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h
-        for n0 in range((k_lo // BLOCK_N) * BLOCK_N, k_hi, BLOCK_N):
-            kpos = n0 + i_n
-            kval = (kpos >= k_lo) & (kpos < k_hi)
-            # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the
-            # codes of invisible keys meet p = 0 and zeroed (masked) scale and offset.
-            if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
-                phys = tl.load(bt_ptr + s * bt_stride + n0 // BLOCK).to(tl.int64)
-                base = (phys * BLOCK + n0 % BLOCK) * HKV
-                kc = tl.load(kc_p + base * (D // 2) + offs)
-                vc = tl.load(vc_p + base * (D // 2) + offs)
-                ks, ko = _meta(km_p + base, i_n * HKV, kval)
-                vs, vo = _meta(vm_p + base, i_n * HKV, kval)
-            else:
-                phys = tl.load(bt_ptr + s * bt_stride + kpos // BLOCK, mask=kval, other=0)
-                kh = (phys.to(tl.int64) * BLOCK + kpos % BLOCK) * HKV
-                kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-                vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
-                ks, ko = _meta(km_p, kh, kval)
-                vs, vo = _meta(vm_p, kh, kval)
-            klo, khi = _codes_f16(kc, False, K_IN_REGS, USE_ASM)
-            if DOT_F32:
-                klo = klo.to(tl.float32)
-                khi = khi.to(tl.float32)
-            sc = tl.dot(q_o, tl.trans(khi), acc=tl.dot(q_e, tl.trans(klo), acc=bias))
-            sc = sc * (ks * qk_scale)[None, :] + qsum[:, None] * ko[None, :]
-            vis = (kpos[None, :] >= lo_r[:, None]) & (kpos[None, :] <= hi_r[:, None])
-            sc = tl.where(vis, sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            pr = tl.exp2(sc - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pr, 1)
-            acc_c = acc_c * alpha + tl.sum(pr * vo[None, :], 1)
-            vlo, vhi = _codes_f16(vc, True, V_IN_REGS, USE_ASM)
-            pv = (pr * vs[None, :]).to(tl.float16)
-            if DOT_F32:
-                pv = pv.to(tl.float32)
-                vlo = vlo.to(tl.float32)
-                vhi = vhi.to(tl.float32)
-            acc_e = tl.dot(pv, vlo, acc=acc_e * alpha[:, None])
-            acc_o = tl.dot(pv, vhi, acc=acc_o * alpha[:, None])
-            m_i = m_new
+        bt_p = bt_ptr + s * bt_stride
+        n_start = (k_lo // BLOCK_N) * BLOCK_N
+        # tiles whose keys every valid row sees (full causal: from k_lo, which is tile-aligned, to
+        # the lowest row's last key) run without the visibility mask; the rest with it
+        hi_min = tl.min(tl.where(rvalid, hi_r, k_hi), 0)
+        n_mid = n_start
+        if MASK_FREE:
+            n_mid = tl.where(window == 0, tl.maximum(n_start, ((hi_min + 1) // BLOCK_N) * BLOCK_N),
+                             n_start)
+        for n0 in range(n_start, n_mid, BLOCK_N):
+            m_i, l_i, acc_e, acc_o, acc_c, ps = _tile(
+                n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, False, BLOCK, BLOCK_N,
+                D, USE_ASM, K_IN_REGS, V_IN_REGS, V_BIAS, LAZY_TAU, DOT_F32)
+        for n0 in range(n_mid, k_hi, BLOCK_N):
+            m_i, l_i, acc_e, acc_o, acc_c, ps = _tile(
+                n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, True, BLOCK, BLOCK_N,
+                D, USE_ASM, K_IN_REGS, V_IN_REGS, V_BIAS, LAZY_TAU, DOT_F32)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
+        if V_BIAS:  # P·(1024 + c) and P·(1024 + 16·c): remove 1024·Σ fp16(p·s) (and the 16)
+            acc_e = acc_e - 1024.0 * ps[:, None]
+            acc_o = (acc_o - 1024.0 * ps[:, None]) * 0.0625
         ap = acc_ptr + (row * S + j)[:, None] * D + 2 * b[None, :]
         tl.store(ap, acc_e + acc_c[:, None], mask=rvalid[:, None])
         tl.store(ap + 1, acc_o + acc_c[:, None], mask=rvalid[:, None])
@@ -224,7 +287,8 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
     return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE, USE_ASM=USE_ASM and not interpret,
-                        K_IN_REGS=K_IN_REGS, V_IN_REGS=V_IN_REGS)
+                        K_IN_REGS=K_IN_REGS, V_IN_REGS=V_IN_REGS, MASK_FREE=MASK_FREE,
+                        V_BIAS=V_BIAS, LAZY_TAU=LAZY_TAU)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
