@@ -165,6 +165,9 @@
 #   PART=zk bash bench/gpu_session.sh   the INT4 kernel's mask-free tiles, biased value codes and
 #       conditional rescaling (int4_attn_tune round 4, checks on the three best), then the
 #       attention rows of bench/plugins.py on the file defaults (~5 min).
+#   PART=zl bash bench/gpu_session.sh   the session's kernels in the engine (~6 min): gpu_check
+#       int4 on the final INT4 kernel, gpu_runtime (every speculative mode == off) and
+#       gpu_drafter on the trained default, the short eval.   carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -539,6 +542,18 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step plugins_attn 200 python3 bench/plugins.py --only attn --csv "$OUT/plugins_attn.csv"
     tar -C "$OUT" -czf /tmp/zk_results.tar.gz . && rm -rf "${OUT:?}"/* && \
       mv /tmp/zk_results.tar.gz "$OUT/"
+    ;;
+  zl)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step attn_check 60 python3 bench/gpu_check.py --only int4
+    step runtime 270 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only graphs round
+    shorteval acceptance 120 --json "$OUT/eval_h200.json"
+    tar -C "$OUT" -czf /tmp/zl_results.tar.gz . && rm -rf "${OUT:?}"/* && \
+      mv /tmp/zl_results.tar.gz "$OUT/"
     ;;
   zg)
     unpack carry-b

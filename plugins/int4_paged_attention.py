@@ -30,9 +30,8 @@ BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md)
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
 K_IN_REGS = True  # decode K in the MMA operand registers (True) or in the load layout (False)
 V_IN_REGS = False  # the same for V (True: byte gathers from shared memory; False: fp16 staging)
-MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (full causal only)
-V_BIAS = True  # value codes decoded biased like the keys' (0.75 instead of 1.25 instr/code)
-LAZY_TAU = 0.0  # > 0: rescale the accumulators only when a row max grows by more (log2 units)
+MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (full causal only;
+# same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the row max/sum stay in the warp (no barriers), more programs per SM. H200 32k
 # (bench/int4_attn_tune.py, plugins/NOTES.md): B=16 187.4 µs (BLOCK_N 128, 4 warps, stages 3)
@@ -87,15 +86,12 @@ def _meta(m_ptr, off, mask):
 
 
 @jit
-def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-          k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, MASKED: tl.constexpr,
+def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
+          k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, MASKED: tl.constexpr,
           BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, V_BIAS: tl.constexpr,
-          LAZY_TAU: tl.constexpr, DOT_F32: tl.constexpr):
+          K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, DOT_F32: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax: returns the updated (m, l, acc_e, acc_o,
-    acc_c, ps). MASKED=False: every key of the tile is visible to every row (no mask math).
-    V_BIAS: value codes stay biased like the keys' (1024 + c, 1024 + 16·c) and ps = Σ fp16(p·s)
-    carries the bias out (the caller subtracts 1024·ps)."""
+    acc_c). MASKED=False: every key of the tile is visible to every row (no mask math)."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
     # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
@@ -124,44 +120,21 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale,
     if MASKED:
         vis = (kpos[None, :] >= lo_r[:, None]) & (kpos[None, :] <= hi_r[:, None])
         sc = tl.where(vis, sc, float("-inf"))
-    m_tile = tl.max(sc, 1)
-    if LAZY_TAU > 0:
-        # keep the running max unless a row's max grew by more than LAZY_TAU (log2 units), so
-        # the accumulators are rescaled only then (FlashAttention-4's conditional rescaling);
-        # p stays below 2^LAZY_TAU. The test is one value per tile (the same for every lane).
-        grow = tl.max(tl.where(m_tile > m_i, m_tile - m_i, 0.0), 0)
-        if grow > LAZY_TAU:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc_c = acc_c * alpha
-            ps = ps * alpha
-            acc_e = acc_e * alpha[:, None]
-            acc_o = acc_o * alpha[:, None]
-            m_i = m_new
-    else:
-        m_new = tl.maximum(m_i, m_tile)
-        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-        l_i = l_i * alpha
-        acc_c = acc_c * alpha
-        ps = ps * alpha
-        acc_e = acc_e * alpha[:, None]
-        acc_o = acc_o * alpha[:, None]
-        m_i = m_new
+    m_new = tl.maximum(m_i, tl.max(sc, 1))
+    alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+    m_i = m_new
     pr = tl.exp2(sc - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-    l_i = l_i + tl.sum(pr, 1)
-    acc_c = acc_c + tl.sum(pr * vo[None, :], 1)
-    vlo, vhi = _codes_f16(vc, not V_BIAS, V_IN_REGS, USE_ASM)
+    l_i = l_i * alpha + tl.sum(pr, 1)
+    acc_c = acc_c * alpha + tl.sum(pr * vo[None, :], 1)
+    vlo, vhi = _codes_f16(vc, True, V_IN_REGS, USE_ASM)
     pv = (pr * vs[None, :]).to(tl.float16)
-    if V_BIAS:
-        ps = ps + tl.sum(pv.to(tl.float32), 1)
     if DOT_F32:
         pv = pv.to(tl.float32)
         vlo = vlo.to(tl.float32)
         vhi = vhi.to(tl.float32)
-    acc_e = tl.dot(pv, vlo, acc=acc_e)
-    acc_o = tl.dot(pv, vhi, acc=acc_o)
-    return m_i, l_i, acc_e, acc_o, acc_c, ps
+    acc_e = tl.dot(pv, vlo, acc=acc_e * alpha[:, None])
+    acc_o = tl.dot(pv, vhi, acc=acc_o * alpha[:, None])
+    return m_i, l_i, acc_e, acc_o, acc_c
 
 
 @jit
@@ -170,7 +143,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, DOT_F32: tl.constexpr,
-                      MASK_FREE: tl.constexpr, V_BIAS: tl.constexpr, LAZY_TAU: tl.constexpr):
+                      MASK_FREE: tl.constexpr):
     pid = tl.program_id(0)
     j = tl.program_id(1)
     rt = pid % RT
@@ -212,7 +185,6 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         acc_e = tl.zeros([BLOCK_M, D // 2], tl.float32)
         acc_o = tl.zeros([BLOCK_M, D // 2], tl.float32)
         acc_c = tl.zeros([BLOCK_M], tl.float32)
-        ps = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
         offs = (i_n * HKV)[:, None] * (D // 2) + b[None, :]  # a page's keys: stride HKV rows
         kc_p = kc_ptr + h * (D // 2)
@@ -229,20 +201,17 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
             n_mid = tl.where(window == 0, tl.maximum(n_start, ((hi_min + 1) // BLOCK_N) * BLOCK_N),
                              n_start)
         for n0 in range(n_start, n_mid, BLOCK_N):
-            m_i, l_i, acc_e, acc_o, acc_c, ps = _tile(
-                n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+            m_i, l_i, acc_e, acc_o, acc_c = _tile(
+                n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
                 k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, False, BLOCK, BLOCK_N,
-                D, USE_ASM, K_IN_REGS, V_IN_REGS, V_BIAS, LAZY_TAU, DOT_F32)
+                D, USE_ASM, K_IN_REGS, V_IN_REGS, DOT_F32)
         for n0 in range(n_mid, k_hi, BLOCK_N):
-            m_i, l_i, acc_e, acc_o, acc_c, ps = _tile(
-                n0, m_i, l_i, acc_e, acc_o, acc_c, ps, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+            m_i, l_i, acc_e, acc_o, acc_c = _tile(
+                n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
                 k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, True, BLOCK, BLOCK_N,
-                D, USE_ASM, K_IN_REGS, V_IN_REGS, V_BIAS, LAZY_TAU, DOT_F32)
+                D, USE_ASM, K_IN_REGS, V_IN_REGS, DOT_F32)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
-        if V_BIAS:  # P·(1024 + c) and P·(1024 + 16·c): remove 1024·Σ fp16(p·s) (and the 16)
-            acc_e = acc_e - 1024.0 * ps[:, None]
-            acc_o = (acc_o - 1024.0 * ps[:, None]) * 0.0625
         ap = acc_ptr + (row * S + j)[:, None] * D + 2 * b[None, :]
         tl.store(ap, acc_e + acc_c[:, None], mask=rvalid[:, None])
         tl.store(ap + 1, acc_o + acc_c[:, None], mask=rvalid[:, None])
@@ -287,8 +256,7 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
     return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE, USE_ASM=USE_ASM and not interpret,
-                        K_IN_REGS=K_IN_REGS, V_IN_REGS=V_IN_REGS, MASK_FREE=MASK_FREE,
-                        V_BIAS=V_BIAS, LAZY_TAU=LAZY_TAU)
+                        K_IN_REGS=K_IN_REGS, V_IN_REGS=V_IN_REGS, MASK_FREE=MASK_FREE)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
