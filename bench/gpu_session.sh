@@ -210,6 +210,22 @@ shorteval() {  # shorteval NAME SECONDS ARGS...: the short acceptance eval (gree
     --temperatures 0 "$@"
 }
 
+minichecks() {  # minichecks RUNTIME_S DRAFTER_S CHECK...: gpu_runtime (every mode == off) and
+  # gpu_drafter --only CHECK... on the trained default, with the Spec-Bench prompts
+  local rt=$1 dr=$2 P=engines/prompts/spec_bench_question.jsonl
+  shift 2
+  step runtime "$rt" python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+    --prompts-file "$P"
+  step drafter "$dr" python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+    --prompts-file "$P" --only "$@"
+}
+
+pack() {  # pack NAME: every file under $OUT into $OUT/NAME_results.tar.gz (the device machine
+  # returns a limited number of files per call)
+  tar -C "$OUT" -czf "/tmp/$1_results.tar.gz" . && rm -rf "${OUT:?}"/* && \
+    mv "/tmp/$1_results.tar.gz" "$OUT/"
+}
+
 unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried
   [ -f "engines/$1.tar.xz" ] || return 0
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('engines', filter='data')" \
@@ -354,10 +370,7 @@ case "${PART:-}" in
     unpack carry-b
     P=engines/prompts/spec_bench_question.jsonl
     step ringattn 150 python3 bench/gpu_check.py --only ringattn
-    step runtime 180 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P"
-    step drafter 60 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P" --only round
+    minichecks 180 60 round
     step launch_costs 90 python3 bench/launch_costs.py --engine engines/mini-h200 --out "$OUT"
     step profile 90 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
@@ -366,8 +379,7 @@ case "${PART:-}" in
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
       --gc freeze --out "$OUT/profile_freeze"
     shorteval acceptance 120 --json "$OUT/eval_h200.json"
-    tar -C "$OUT" -czf /tmp/r_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/r_results.tar.gz "$OUT/"
+    pack r
     ;;
   s)
     unpack carry-b
@@ -381,8 +393,7 @@ case "${PART:-}" in
     step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
       --out "$OUT/profile"
-    tar -C "$OUT" -czf /tmp/s_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/s_results.tar.gz "$OUT/"
+    pack s
     ;;
   t)
     unpack carry-b
@@ -417,8 +428,7 @@ case "${PART:-}" in
       --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
       --out "$OUT/profile"
     shorteval acceptance 100 --json "$OUT/eval_h200.json"
-    tar -C "$OUT" -czf /tmp/w_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/w_results.tar.gz "$OUT/"
+    pack w
     ;;
   y)
     unpack carry-b
@@ -440,8 +450,7 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step acceptance 110 python3 tools/eval_acceptance.py "${E[@]}" --json "$OUT/eval.json"
     step acceptance_pin1 110 pin 4 python3 tools/eval_acceptance.py "${E[@]}" \
       --json "$OUT/eval_pin1.json"
-    tar -C "$OUT" -czf /tmp/y_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/y_results.tar.gz "$OUT/"
+    pack y
     ;;
   z)
     unpack carry-b
@@ -451,8 +460,7 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
         --prompts-file "$P" --modes copy copy+drafter copy+drafter/no-rounds --max-tokens 128 \
         --warm-runs 1 --out "$OUT/profile_$i"
     done
-    tar -C "$OUT" -czf /tmp/z_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/z_results.tar.gz "$OUT/"
+    pack z
     ;;
   za)
     unpack carry-b
@@ -464,8 +472,7 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     R=(); for ((i=${#M[@]}-1; i>=0; i--)); do R+=("${M[i]}"); done
     step profile_2 150 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes "${R[@]}" --max-tokens 128 --warm-runs 1 --out "$OUT/profile_2"
-    tar -C "$OUT" -czf /tmp/za_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/za_results.tar.gz "$OUT/"
+    pack za
     ;;
   zb)
     unpack carry-b
@@ -486,8 +493,7 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step profile_cd_alone 80 python3 bench/profile_generate.py --engine engines/mini-h200 \
       --prompts-file "$P" --modes copy+drafter --max-tokens 128 --warm-runs 1 \
       --out "$OUT/profile_cd_alone"
-    tar -C "$OUT" -czf /tmp/zc_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/zc_results.tar.gz "$OUT/"
+    pack zc
     ;;
   zd)
     unpack carry-b
@@ -499,8 +505,7 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
           --prompts-file "$P" --modes "$m" --max-tokens 128 --warm-runs 1 --out "$OUT/$n"
       done
     done
-    tar -C "$OUT" -czf /tmp/zd_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/zd_results.tar.gz "$OUT/"
+    pack zd
     ;;
   ze)
     unpack carry-b
@@ -534,26 +539,19 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     step attn_tune 130 python3 bench/int4_attn_tune.py --budget 80 --checks 1
     step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
     step plugins 330 python3 bench/plugins.py --csv "$OUT/plugins.csv"
-    tar -C "$OUT" -czf /tmp/zj_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/zj_results.tar.gz "$OUT/"
+    pack zj
     ;;
   zk)
     step attn_tune 200 python3 bench/int4_attn_tune.py --budget 120 --checks 3
     step plugins_attn 200 python3 bench/plugins.py --only attn --csv "$OUT/plugins_attn.csv"
-    tar -C "$OUT" -czf /tmp/zk_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/zk_results.tar.gz "$OUT/"
+    pack zk
     ;;
   zl)
     unpack carry-b
-    P=engines/prompts/spec_bench_question.jsonl
     step attn_check 60 python3 bench/gpu_check.py --only int4
-    step runtime 270 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P"
-    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P" --only graphs round
+    minichecks 270 90 graphs round
     shorteval acceptance 120 --json "$OUT/eval_h200.json"
-    tar -C "$OUT" -czf /tmp/zl_results.tar.gz . && rm -rf "${OUT:?}"/* && \
-      mv /tmp/zl_results.tar.gz "$OUT/"
+    pack zl
     ;;
   zg)
     unpack carry-b
