@@ -168,6 +168,9 @@
 #   PART=zl bash bench/gpu_session.sh   the session's kernels in the engine (~6 min): gpu_check
 #       int4 on the final INT4 kernel, gpu_runtime (every speculative mode == off) and
 #       gpu_drafter on the trained default, the short eval.   carry: engines/carry-b.tar.xz
+#   PART=zm bash bench/gpu_session.sh   does a copy+drafter engine slow the graph replays of
+#       engines built after it? bench/graph_order.py with a copy+drafter engine first, then
+#       second (~3 min).                                         carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -552,6 +555,13 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     minichecks 270 90 graphs round
     shorteval acceptance 120 --json "$OUT/eval_h200.json"
     pack zl
+    ;;
+  zm)
+    unpack carry-b
+    step order_cd_first 120 python3 bench/graph_order.py --engine engines/mini-h200 \
+      --modes copy+drafter copy copy --out "$OUT/cd_first"
+    step order_cd_second 120 python3 bench/graph_order.py --engine engines/mini-h200 \
+      --modes copy copy+drafter copy --out "$OUT/cd_second"
     ;;
   zg)
     unpack carry-b

@@ -3,17 +3,23 @@
 about 0.010 against 0.05-0.12 ms per target replay, bench/results/h200-2026-11-30f/za/, zc/).
 
     python3 bench/graph_order.py --engine engines/mini-h200 [--engines 3] [--iters 200]
-        [--out DIR]
+        [--modes MODE ...] [--out DIR]
 
-Builds --engines copy-mode engines (one stream, CUDA graphs) one after another in this process,
-then times, per engine, the host time of its one-token graph's `replay()` (µs, median over
---iters, the GPU synchronised before each call) in three ways:
+Builds --engines engines (one stream, CUDA graphs) one after another in this process, in the
+speculative modes --modes names in build order (default: all copy; the last mode repeats), then
+times, per engine, the host time of its one-stream graph with the fewest tokens, `replay()`
+(µs, median over --iters, the GPU synchronised before each call) in three ways:
 - current: on the current stream, as the engine replays;
 - own stream: on a CUDA stream of the engine's own (CUDA's graph uploads use memory cached per
   stream: is that what the later engines lack?);
 - step: as a decode step does it: replay, the argmax of the logits, `.tolist()`.
 Then the first engine is deleted and the others timed again (does a freed engine give its
 place back?). Writes DIR/graph_order.json. Needs a CUDA device.
+
+2026-11-30g (zi): three copy engines all replay in about 5 µs, so building engines one after
+another is not enough for the slow replays. `--modes copy+drafter copy copy` asks whether a
+copy+drafter engine built first (its drafter has graphs and a CUDA stream of its own) slows the
+engines built after it.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ def _us(samples: list[float]) -> float:
 def time_replays(llm, iters: int, stream: torch.cuda.Stream) -> dict[str, float]:
     """µs per replay() of the engine's (1 stream, 1 token) graph: current stream, `stream`,
     and a decode step's replay + argmax + tolist."""
-    graph, logits, _ = llm.engine.runner.graphs[(1, 1, ())]
+    graphs = llm.engine.runner.graphs
+    key = min((k for k in graphs if k[0] == 1), key=lambda k: k[1])  # (streams, tokens, taps)
+    graph, logits, _ = graphs[key]
     out: dict[str, list[float]] = {"current": [], "own stream": [], "step": []}
     for _ in range(iters):
         for case in out:
@@ -65,6 +73,8 @@ def main() -> int:
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--engines", type=int, default=3)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--modes", nargs="+", default=["copy"],
+                    help="speculative mode of each engine in build order (the last repeats)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -72,21 +82,24 @@ def main() -> int:
         return 2
     if args.engines < 2:
         ap.error(f"--engines: must be >= 2, got {args.engines}")
-    llms = [LLM(args.engine, speculative="copy", max_num_seqs=1, device="cuda")
-            for _ in range(args.engines)]
+    modes = [args.modes[min(i, len(args.modes) - 1)] for i in range(args.engines)]
+    llms = [LLM(args.engine, speculative=m, max_num_seqs=1, device="cuda") for m in modes]
     streams = [torch.cuda.Stream() for _ in llms]
     rows = []
     for i, (llm, s) in enumerate(zip(llms, streams)):
-        rows.append({"engine": i, "phase": "all alive", **time_replays(llm, args.iters, s)})
+        rows.append({"engine": i, "mode": modes[i], "phase": "all alive",
+                     **time_replays(llm, args.iters, s)})
     del llms[0], streams[0]
     gc.collect()
     torch.cuda.empty_cache()
     for i, (llm, s) in enumerate(zip(llms, streams), start=1):
-        rows.append({"engine": i, "phase": "first deleted", **time_replays(llm, args.iters, s)})
-    print(f"{'engine':>6}  {'phase':<14}{'current':>10}{'own stream':>12}{'step':>10}  (µs)")
+        rows.append({"engine": i, "mode": modes[i], "phase": "first deleted",
+                     **time_replays(llm, args.iters, s)})
+    print(f"{'engine':>6}  {'mode':<14}{'phase':<14}{'current':>10}{'own stream':>12}{'step':>10}"
+          "  (µs)")
     for r in rows:
-        print(f"{r['engine']:>6}  {r['phase']:<14}{r['current']:>10}{r['own stream']:>12}"
-              f"{r['step']:>10}")
+        print(f"{r['engine']:>6}  {r['mode']:<14}{r['phase']:<14}{r['current']:>10}"
+              f"{r['own stream']:>12}{r['step']:>10}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "graph_order.json").write_text(json.dumps(rows, indent=1))
     return 0
