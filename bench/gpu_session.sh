@@ -558,9 +558,9 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$@"
     ;;
   zm)
     unpack carry-b
-    step order_cd_first 120 python3 bench/graph_order.py --engine engines/mini-h200 \
+    step order_cd_first 55 python3 bench/graph_order.py --engine engines/mini-h200 \
       --modes copy+drafter copy copy --out "$OUT/cd_first"
-    step order_cd_second 120 python3 bench/graph_order.py --engine engines/mini-h200 \
+    step order_cd_second 55 python3 bench/graph_order.py --engine engines/mini-h200 \
       --modes copy copy+drafter copy --out "$OUT/cd_second"
     ;;
   zg)
