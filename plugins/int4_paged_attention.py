@@ -121,9 +121,9 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         vis = (kpos[None, :] >= lo_r[:, None]) & (kpos[None, :] <= hi_r[:, None])
         sc = tl.where(vis, sc, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(sc, 1))
-    alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-    m_i = m_new
-    pr = tl.exp2(sc - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    pr = tl.exp2(sc - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(pr, 1)
     acc_c = acc_c * alpha + tl.sum(pr * vo[None, :], 1)
     vlo, vhi = _codes_f16(vc, True, V_IN_REGS, USE_ASM)
@@ -134,7 +134,7 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         vhi = vhi.to(tl.float32)
     acc_e = tl.dot(pv, vlo, acc=acc_e * alpha[:, None])
     acc_o = tl.dot(pv, vhi, acc=acc_o * alpha[:, None])
-    return m_i, l_i, acc_e, acc_o, acc_c
+    return m_new, l_i, acc_e, acc_o, acc_c
 
 
 @jit

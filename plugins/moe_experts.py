@@ -139,11 +139,10 @@ def _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s
 
 @jit
 def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
-                     M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
-                     TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
-                     M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
-                     SPLIT: tl.constexpr):
+          M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
+          TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+          ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
+          DOT_F32: tl.constexpr, SPLIT: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(1) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per 16-row tile."""
     n_out = tl.where(is_shared, N_SH, N)
