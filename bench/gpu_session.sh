@@ -48,6 +48,8 @@
 #   PART=zm bash bench/gpu_session.sh   does a copy+drafter engine slow the graph replays of
 #       engines built after it? bench/graph_order.py with a copy+drafter engine first, then
 #       second (~3 min).                                         carry: engines/carry-b.tar.xz
+#   PART=zn bash bench/gpu_session.sh   the MoE expert GEMM's BLOCK_K 128 against 256 and
+#       num_stages 3 / 4 (bench/moe_pipeline.py, bits vs the default), gpu_check moe (~4 min).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -186,6 +188,10 @@ case "${PART:-}" in
       --modes copy+drafter copy copy --out "$OUT/cd_first"
     step order_cd_second 120 python3 bench/graph_order.py --engine engines/mini-h200 \
       --modes copy copy+drafter copy --out "$OUT/cd_second"
+    ;;
+  zn)
+    step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"
+    step moe_check 90 python3 bench/gpu_check.py --only moe
     ;;
   zg)
     unpack carry-b
