@@ -182,3 +182,10 @@ def test_errors_name_the_argument():
         fp8_paged_attention(q, kf, kf, torch.ones(2), torch.ones(1), bt, sl, cu, 75, 9, window=513)
     with pytest.raises(ValueError, match="^window:"):
         fp8_paged_attention(q, kf, kf, torch.ones(1), torch.ones(1), bt, sl, cu, 75, 9, window=-1)
+    # PART must be a multiple of the layer kind's key tile: 64 (sliding), 32 (full causal)
+    one = torch.ones(1)
+    with pytest.raises(ValueError, match="^part: 96 must be a positive multiple of 64"):
+        fp8_paged_attention(q, kf, kf, one, one, bt, sl, cu, 75, 9, window=513, part=96)
+    fp8_paged_attention(q, kf, kf, one, one, bt, sl, cu, 75, 9, window=0, part=96)
+    with pytest.raises(ValueError, match="^part: 48 must be a positive multiple of 32"):
+        fp8_paged_attention(q, kf, kf, one, one, bt, sl, cu, 75, 9, window=0, part=48)
