@@ -1,5 +1,6 @@
-"""Shared (non-kernel) parts of the two paged-attention ops: argument checks, split sizing,
-and the dense fp32 reference that both ``*_ref`` functions call with their own dequantizer.
+"""Shared parts of the two paged-attention ops: argument checks, split sizing, the dense fp32
+reference that both ``*_ref`` functions call with their own dequantizer, and the kernels' online
+softmax step (`softmax_step`, a @triton.jit helper).
 
 Conventions (plugins/LAYOUTS.md): q bf16 [total_q, Hq, 128]; cu_q_lens int32 [S+1];
 seq_lens int32 [S] counts the new tokens; query t of stream s sits at position
@@ -14,12 +15,25 @@ from typing import Callable
 
 import torch
 
-from ._common import cdiv, check_tensor, launch
+from ._common import cdiv, check_tensor, jit, launch, tl
 from .attn_combine import launch_attn_combine
 
 HEAD_DIM = 128
 BLOCK_M = 16  # query rows (token x group head) per program: fixed, for batch invariance
 LOG2E = 1.4426950408889634  # the kernels use exp2: scores are pre-scaled by log2(e)
+
+
+@jit
+def softmax_step(sc, m_i, l_i):
+    """One key tile of the online softmax (log2 units): scores sc fp32 [M, N] (-inf: masked),
+    running max m_i and sum l_i fp32 [M]. Returns (m_new, alpha = the factor that rescales what
+    was accumulated, p = exp2(sc - m_new) fp32 [M, N], l_new). A row with no visible key so
+    far keeps m = -inf and gets p = 0 and alpha = 0 (its accumulators are still 0)."""
+    m_new = tl.maximum(m_i, tl.max(sc, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(sc - m_safe[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)
 
 
 def check_common(q, block_tables, seq_lens, cu_q_lens, num_kv_heads, block_size, max_seq_len,

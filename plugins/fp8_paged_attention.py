@@ -15,7 +15,7 @@ import torch
 
 from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
-                     paged_attention_dense_ref)
+                     paged_attention_dense_ref, softmax_step)
 
 # Launch settings per layer kind (each fixed: PART and BLOCK_N set the reduction order, which
 # must not depend on the batch). Sliding layers (window > 0: at most window + q keys, 2-3
@@ -86,11 +86,7 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
             vis = rvalid[:, None] & kval[None, :] & (kpos[None, :] <= pos[:, None])
             vis = vis & ((window <= 0) | (kpos[None, :] > pos[:, None] - window))
             sc = tl.where(vis, sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            pr = tl.exp2(sc - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pr, 1)
+            m_new, alpha, pr, l_i = softmax_step(sc, m_i, l_i)
             vt = tl.load(v_ptr + kh[:, None] * D + d[None, :], mask=kval[:, None], other=0.0)
             if DOT_F32:
                 pv_dot = tl.dot(pr.to(tl.float16).to(tl.float32), vt.to(tl.float32))

@@ -22,7 +22,7 @@ import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, tl
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
-                     paged_attention_dense_ref)
+                     paged_attention_dense_ref, softmax_step)
 from .qk_norm_fold_int4 import dequantize_int4_ref
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
@@ -120,11 +120,7 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     if MASKED:
         vis = (kpos[None, :] >= lo_r[:, None]) & (kpos[None, :] <= hi_r[:, None])
         sc = tl.where(vis, sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    pr = tl.exp2(sc - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(pr, 1)
+    m_new, alpha, pr, l_i = softmax_step(sc, m_i, l_i)
     acc_c = acc_c * alpha + tl.sum(pr * vo[None, :], 1)
     vlo, vhi = _codes_f16(vc, True, V_IN_REGS, USE_ASM)
     pv = (pr * vs[None, :]).to(tl.float16)
