@@ -50,6 +50,9 @@
 #       second (~3 min).                                         carry: engines/carry-b.tar.xz
 #   PART=zn bash bench/gpu_session.sh   the MoE expert GEMM's BLOCK_K 128 against 256 and
 #       num_stages 3 / 4 (bench/moe_pipeline.py, bits vs the default), gpu_check moe (~4 min).
+#   PART=zo bash bench/gpu_session.sh   when is a target graph's replay() slow on the host:
+#       bench/replay_probe.py in three processes (copy alone, copy+drafter alone, copy then
+#       copy+drafter then copy) (~5 min).                      carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -188,6 +191,15 @@ case "${PART:-}" in
       --modes copy+drafter copy copy --out "$OUT/cd_first"
     step order_cd_second 120 python3 bench/graph_order.py --engine engines/mini-h200 \
       --modes copy copy+drafter copy --out "$OUT/cd_second"
+    ;;
+  zo)
+    unpack carry-b
+    for m in "copy" "copy+drafter" "copy copy+drafter copy"; do
+      n=${m// /_}
+      # shellcheck disable=SC2086  # $m: one or more modes
+      step "probe_${n//+/_}" 160 python3 bench/replay_probe.py --engine engines/mini-h200 \
+        --modes $m --out "$OUT/${n//+/_}"
+    done
     ;;
   zn)
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"
