@@ -53,6 +53,10 @@
 #   PART=zo bash bench/gpu_session.sh   when is a target graph's replay() slow on the host:
 #       bench/replay_probe.py in three processes (copy alone, copy+drafter alone, copy then
 #       copy+drafter then copy) (~5 min).                      carry: engines/carry-b.tar.xz
+#   PART=zp bash bench/gpu_session.sh   profile_generate's timed split without the profiler
+#       (--profiler off: a profiler run slows the process's later CUDA calls), copy and
+#       copy+drafter each in its own process, twice; then PART zn (~8 min).
+#                                                               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -200,6 +204,19 @@ case "${PART:-}" in
       step "probe_${n//+/_}" 160 python3 bench/replay_probe.py --engine engines/mini-h200 \
         --modes $m --out "$OUT/${n//+/_}"
     done
+    ;;
+  zp)
+    unpack carry-b
+    for i in 1 2; do
+      for m in copy copy+drafter; do
+        n=split_${m//+/_}_$i
+        step "$n" 75 python3 bench/profile_generate.py --engine engines/mini-h200 \
+          --prompts-file engines/prompts/spec_bench_question.jsonl --modes "$m" \
+          --max-tokens 192 --warm-runs 1 --profiler off --out "$OUT/$n"
+      done
+    done
+    step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"
+    step moe_check 90 python3 bench/gpu_check.py --only moe
     ;;
   zn)
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"

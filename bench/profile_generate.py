@@ -4,11 +4,12 @@
     python3 bench/profile_generate.py --engine engines/mini-h200 --device cuda \
         --prompts-file engines/prompts/spec_bench_question.jsonl [--categories translation mt_bench]
         [--modes off copy drafter copy+drafter] [--max-tokens 96] [--warm-runs N]
-        [--gc on|off|freeze] [--out DIR]
+        [--gc on|off|freeze] [--profiler on|off] [--out DIR]
 
-For each mode: one short warm-up generate over the prompts (and --warm-runs whole ones), the
-timed run (Python's garbage collector as --gc says), then one profiled generate (one stream at
-a time). Prints and writes (DIR/profile_generate.json): wall seconds, target passes, wall ms per
+For each mode: one short warm-up generate over the prompts (and --warm-runs whole ones) and the
+timed run (Python's garbage collector as --gc says); then, after every mode's timed run (a
+profiler slows the process's later CUDA calls), one profiled generate per mode (one stream at
+a time; none with --profiler off). Prints and writes (DIR/profile_generate.json): wall seconds, target passes, wall ms per
 pass, device busy ms per pass (sum of kernel times), host-side share (wall - device busy),
 an unprofiled run's split of a decode step into its parts (`timed_split`), and the top ops by
 self CPU time and the top kernels by device time. The question it answers:
@@ -84,8 +85,9 @@ def timed_split(llm, ids, params) -> dict:
             "drafter_runner": getattr(drafter, "runner", None)}
     acc = dict.fromkeys(["step", "decode_steps", "drafter_rounds"] + [k for k, _, _ in PARTS],
                         0.0)
-    state = {"decode": False}
+    state = {"decode": False, "tokens": 0}
     samples: list[float] = []     # each decode step's wall seconds
+    step_by_tokens: dict[int, list[float]] = {}   # step seconds by its target pass's tokens
     round_key = "launch" if hasattr(objs["drafter"], "launch") else "drafter"
 
     def wrap(obj, name, key):
@@ -112,8 +114,10 @@ def timed_split(llm, ids, params) -> dict:
                 return orig()
             finally:
                 if state["decode"]:
-                    acc["step"] += time.perf_counter() - t0
-                    samples.append(time.perf_counter() - t0)
+                    dt = time.perf_counter() - t0
+                    acc["step"] += dt
+                    samples.append(dt)
+                    step_by_tokens.setdefault(state["tokens"], []).append(dt)
                 state["decode"] = False
         return run
 
@@ -129,7 +133,7 @@ def timed_split(llm, ids, params) -> dict:
             return forward(meta, *a, **kw)
         finally:
             if state["decode"]:
-                t = int(meta.num_tokens)
+                t = state["tokens"] = int(meta.num_tokens)
                 by_tokens.setdefault(t, []).append(time.perf_counter() - t0)
                 replay_by_tokens.setdefault(t, []).append(acc["replay"] - r0)
     eng.runner.forward = timed_forward
@@ -146,6 +150,9 @@ def timed_split(llm, ids, params) -> dict:
     out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
     out["forward_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3}
                                 for t, v in sorted(by_tokens.items())}
+    out["step_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
+                                 "mean_ms": statistics.fmean(v) * 1e3}
+                             for t, v in sorted(step_by_tokens.items())}
     out["replay_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
                                    "mean_ms": statistics.fmean(v) * 1e3}
                                for t, v in sorted(replay_by_tokens.items())}
@@ -188,12 +195,12 @@ def _graph_variant(parts: set[str]):
         cuda_graphs.PluginRunner._run = orig
 
 
-def profile_mode(args, mode: str, prompts: list) -> dict:
-    """One mode: warm-up, an unprofiled timed run (`timed_split`), then the profiled generate;
-    the figures of the module docstring. mode "copy+drafter/no-rounds": that engine (taps
-    written, the drafter's per-step work) with its gate refusing every round, i.e. copy
-    drafting alone on the drafter mode's machinery; "/no-rounds+no-taps" etc.: VARIANTS.
-    ValueError for an unknown variant."""
+def timed_mode(args, mode: str, prompts: list):
+    """One mode's engine, warm-up and unprofiled timed run (`timed_split`). Returns (the LLM,
+    {"mode", "unprofiled"}). mode "copy+drafter/no-rounds": that engine (taps written, the
+    drafter's per-step work) with its gate refusing every round, i.e. copy drafting alone on
+    the drafter mode's machinery; "/no-rounds+no-taps" etc.: VARIANTS. ValueError for an
+    unknown variant."""
     base, _, variant = mode.partition("/")
     parts = set(variant.split("+")) - {""}
     if parts - set(VARIANTS) or (parts and "no-rounds" not in parts):
@@ -205,26 +212,33 @@ def profile_mode(args, mode: str, prompts: list) -> dict:
                   cpu_affinity=args.cpu_affinity)
         if "no-rounds" in parts:
             llm.engine.speculator.gate.decide = lambda request_ids: set()
-        return _profile(args, mode, llm, prompts)
+        ids, params = _inputs(args, llm, prompts)
+        llm.generate(ids, SamplingParams(max_tokens=2))
+        for _ in range(args.warm_runs):
+            llm.generate(ids, params)
+        gc.collect()
+        if args.gc == "freeze":
+            gc.freeze()
+        elif args.gc == "off":
+            gc.disable()
+        try:
+            split = timed_split(llm, ids, params)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+    return llm, {"mode": mode, "unprofiled": split}
 
 
-def _profile(args, mode: str, llm, prompts: list) -> dict:
-    """`profile_mode` on a built LLM."""
+def _inputs(args, llm, prompts: list):
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(ids, SamplingParams(max_tokens=2))
-    for _ in range(args.warm_runs):
-        llm.generate(ids, params)
-    gc.collect()
-    if args.gc == "freeze":
-        gc.freeze()
-    elif args.gc == "off":
-        gc.disable()
-    try:
-        split = timed_split(llm, ids, params)
-    finally:
-        gc.enable()
-        gc.unfreeze()
+    return ids, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def profiled_mode(args, llm, prompts: list) -> dict:
+    """The profiled generate of a mode's (warm) LLM: the figures of the module docstring.
+    Run only after every mode's timed run: once torch.profiler has run, the process's CUDA
+    calls stay slower (H200: graph replays 10 -> 50-120 µs, bench/results/h200-2026-11-30h/)."""
+    ids, params = _inputs(args, llm, prompts)
     llm.engine.stats = SpecMetrics()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
     with profile(activities=acts) as prof:
@@ -240,8 +254,7 @@ def _profile(args, mode: str, llm, prompts: list) -> dict:
     busy_ms = sum(r[2] for r in kernels) / 1e3
     host = sorted(((e.key, e.count, e.self_cpu_time_total) for e in rows),
                   key=lambda r: -r[2])
-    return {"mode": mode, "unprofiled": split, "wall_s": wall,
-            "tokens": sum(len(o.token_ids) for o in outs),
+    return {"wall_s": wall, "tokens": sum(len(o.token_ids) for o in outs),
             "target_passes": passes, "tau": llm.engine.stats.acceptance_length,
             "wall_ms_per_pass": wall * 1e3 / passes, "device_busy_ms_per_pass": busy_ms / passes,
             "top_host_ops": [dict(op=k[:100], calls=c, self_cpu_ms=t / 1e3)
@@ -250,21 +263,24 @@ def _profile(args, mode: str, llm, prompts: list) -> dict:
                             for k, c, t in kernels[:TOP]]}
 
 
-def report(r: dict) -> None:
-    host_share = 1 - r["device_busy_ms_per_pass"] / r["wall_ms_per_pass"]
-    print(f"== {r['mode']}: {r['tokens']} tokens in {r['wall_s']:.3f} s, {r['target_passes']} "
-          f"passes (tau {r['tau'] or 1:.2f}): {r['wall_ms_per_pass']:.3f} ms/pass wall, "
-          f"{r['device_busy_ms_per_pass']:.3f} ms/pass kernels, host share {host_share:.0%}")
+def report_split(r: dict) -> None:
     u = r["unprofiled"]
     parts = ", ".join(f"{k} {u[k + '_ms']:.3f}" for k, _, _ in PARTS)
-    print(f"   unprofiled, per decode step ({u['decode_steps']} steps): {u['step_ms']:.3f} ms "
-          f"(median {u['step_median_ms']:.3f}, max {u['step_max_ms']:.3f}); "
+    print(f"== {r['mode']}, unprofiled, per decode step ({u['decode_steps']} steps): "
+          f"{u['step_ms']:.3f} ms (median {u['step_median_ms']:.3f}, max {u['step_max_ms']:.3f}); "
           f"{parts}; drafter rounds {u['drafter_rounds_per_step']:.2f} per step")
-    print("   forward by step tokens: " + ", ".join(
-        f"{t}: {v['median_ms']:.3f} ms x{v['steps']}" for t, v in u["forward_by_tokens"].items()))
-    print("   its graph replays by step tokens (median / mean ms): " + ", ".join(
-        f"{t}: {v['median_ms']:.3f} / {v['mean_ms']:.3f}"
-        for t, v in u["replay_by_tokens"].items()))
+    for name, key in (("step", "step_by_tokens"), ("forward", "forward_by_tokens"),
+                      ("its graph replays", "replay_by_tokens")):
+        print(f"   {name} by step tokens (median ms, steps): " + ", ".join(
+            f"{t}: {v['median_ms']:.3f} x{v['steps']}" for t, v in u[key].items()))
+
+
+def report_profile(r: dict) -> None:
+    host_share = 1 - r["device_busy_ms_per_pass"] / r["wall_ms_per_pass"]
+    print(f"== {r['mode']}, profiled: {r['tokens']} tokens in {r['wall_s']:.3f} s, "
+          f"{r['target_passes']} passes (tau {r['tau'] or 1:.2f}): {r['wall_ms_per_pass']:.3f} "
+          f"ms/pass wall, {r['device_busy_ms_per_pass']:.3f} ms/pass kernels, host share "
+          f"{host_share:.0%}")
     for x in r["top_host_ops"][:10]:
         print(f"   host {x['self_cpu_ms']:9.3f} ms {x['calls']:7d}x  {x['op']}")
     for x in r["top_kernels"][:10]:
@@ -290,16 +306,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc", default="on", choices=["on", "off", "freeze"],
                     help="Python's garbage collector during the timed run: as is, disabled, "
                          "or with the heap so far frozen (gc.freeze, as vLLM does at start-up)")
+    ap.add_argument("--profiler", default="on", choices=["on", "off"],
+                    help="after every mode's timed run, one torch.profiler run per mode")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     prompts = load_prompts(args.prompts_file, per_category=args.per_category,
                            categories=tuple(args.categories))
     if not prompts:
         raise SystemExit(f"--categories {args.categories}: no prompts in {args.prompts_file}")
-    results = []
-    for mode in args.modes:
-        results.append(profile_mode(args, mode, prompts))
-        report(results[-1])
+    results, llms = [], []
+    for mode in args.modes:      # every timed run before any profiler (profiled_mode)
+        llm, r = timed_mode(args, mode, prompts)
+        llms.append(llm)
+        results.append(r)
+        report_split(r)
+    if args.profiler == "on":
+        for llm, r in zip(llms, results):
+            r.update(profiled_mode(args, llm, prompts))
+            report_profile(r)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile_generate.json").write_text(json.dumps(results, indent=1))
     return 0
