@@ -27,7 +27,9 @@ from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
-BLOCK_K = 256
+# K step: 128 against 256 (H200, bench/moe_pipeline.py, bench/results/h200-2026-11-30h/zp/): same
+# bits, half the shared memory, M=1/4/16/64 41.3/76.9/201.0/728.5 -> 40.6/74.8/186.4/641.0 µs
+BLOCK_K = 128
 BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS False: sweeps)
 # Output columns per program by tokens in the chunk (TILES_BY_TOKENS): (up to M tokens, width)
 # per pass, from the H200 sweep of 2026-11-30 (bench/results/h200-2026-11-30c/d_moe_tiles.log):
