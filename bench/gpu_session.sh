@@ -57,6 +57,10 @@
 #       (--profiler off: a profiler run slows the process's later CUDA calls), copy and
 #       copy+drafter each in its own process, twice; then PART zn (~8 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=zq bash bench/gpu_session.sh   the timed split with parts by step kind (copy,
+#       copy+drafter, own processes), gpu_check moe and plugins.py's MoE rows on BLOCK_K 128,
+#       the in-process chat + German eval (6 prompts each, greedy, medians of 2) (~9 min).
+#                                                               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -217,6 +221,20 @@ case "${PART:-}" in
     done
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"
     step moe_check 90 python3 bench/gpu_check.py --only moe
+    ;;
+  zq)
+    unpack carry-b
+    for m in copy copy+drafter; do
+      n=split_${m//+/_}
+      step "$n" 75 python3 bench/profile_generate.py --engine engines/mini-h200 \
+        --prompts-file engines/prompts/spec_bench_question.jsonl --modes "$m" \
+        --max-tokens 192 --warm-runs 1 --profiler off --out "$OUT/$n"
+    done
+    step moe_check 90 python3 bench/gpu_check.py --only moe
+    step plugins_moe 90 python3 bench/plugins.py --only moe
+    evalmini inproc 220 --categories mt_bench translation --per-category 6 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_inproc.json"
+    pack zq
     ;;
   zn)
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"

@@ -88,6 +88,8 @@ def timed_split(llm, ids, params) -> dict:
     state = {"decode": False, "tokens": 0}
     samples: list[float] = []     # each decode step's wall seconds
     step_by_tokens: dict[int, list[float]] = {}   # step seconds by its target pass's tokens
+    cur: dict[str, float] = {}                     # this step's part seconds
+    parts_by_tokens: dict[int, dict[str, float]] = {}   # summed part seconds, the same way
     round_key = "launch" if hasattr(objs["drafter"], "launch") else "drafter"
 
     def wrap(obj, name, key):
@@ -99,7 +101,9 @@ def timed_split(llm, ids, params) -> dict:
                 return orig(*a, **kw)
             finally:
                 if state["decode"]:
-                    acc[key] += time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    acc[key] += dt
+                    cur[key] = cur.get(key, 0.0) + dt
                     acc["drafter_rounds"] += key == round_key
         setattr(obj, name, run)
         return lambda: setattr(obj, name, orig)
@@ -109,6 +113,7 @@ def timed_split(llm, ids, params) -> dict:
             running = eng.scheduler.running
             state["decode"] = bool(running) and all(q.num_pending == 1 for q in running)
             acc["decode_steps"] += state["decode"]
+            cur.clear()
             t0 = time.perf_counter()
             try:
                 return orig()
@@ -118,6 +123,9 @@ def timed_split(llm, ids, params) -> dict:
                     acc["step"] += dt
                     samples.append(dt)
                     step_by_tokens.setdefault(state["tokens"], []).append(dt)
+                    into = parts_by_tokens.setdefault(state["tokens"], {})
+                    for k, v in cur.items():
+                        into[k] = into.get(k, 0.0) + v
                 state["decode"] = False
         return run
 
@@ -153,6 +161,9 @@ def timed_split(llm, ids, params) -> dict:
     out["step_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
                                  "mean_ms": statistics.fmean(v) * 1e3}
                              for t, v in sorted(step_by_tokens.items())}
+    out["parts_by_tokens"] = {    # mean ms per step of that kind (prefetch: the next step's)
+        t: {k: v * 1e3 / len(step_by_tokens[t]) for k, v in parts.items()}
+        for t, parts in sorted(parts_by_tokens.items())}
     out["replay_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
                                    "mean_ms": statistics.fmean(v) * 1e3}
                                for t, v in sorted(replay_by_tokens.items())}
@@ -273,6 +284,9 @@ def report_split(r: dict) -> None:
                       ("its graph replays", "replay_by_tokens")):
         print(f"   {name} by step tokens (median ms, steps): " + ", ".join(
             f"{t}: {v['median_ms']:.3f} x{v['steps']}" for t, v in u[key].items()))
+    for t, parts in u["parts_by_tokens"].items():
+        print(f"   parts of {t}-token steps (mean ms): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in parts.items() if v >= 0.0005))
 
 
 def report_profile(r: dict) -> None:
