@@ -14,7 +14,9 @@ the full layers' KV in rotated INT4 or FP8. Checks (exit 1 if one fails):
 - the GPU kernel path agrees with the CPU dequantizing reference (top-1, KL; printed);
 - greedy and sampled tokens are identical for speculative off / copy / drafter / copy+drafter
   at 1 and 8 streams, and with CUDA graphs vs eager; copy+drafter also with the drafts read
-  on the host before the target pass (drafts_on_device=False) and eager.
+  on the host before the target pass (drafts_on_device=False), with the drafter's rounds
+  launched after each step instead of chained to its verification (drafter_chain=False), and
+  eager.
 Timings: tokens/s per mode and stream count, graphs vs eager. Results: DIR/gpu_runtime.json.
 """
 
@@ -141,11 +143,14 @@ def check_agreement(engine: Path, tag: str, prompts) -> None:
           f"over {ref.shape[0]} rows", flush=True)
 
 
-# (mode, enforce_eager, drafts_on_device): the drafter's drafts left on the device (the
-# default with graphs) and read on the host first, and eager (rounds on the host path)
-VARIANTS = (("off", False, None), ("off", True, None), ("copy", False, None),
-            ("drafter", False, None), ("copy+drafter", False, None),
-            ("copy+drafter", False, False), ("copy+drafter", True, None))
+# (mode, enforce_eager, drafts_on_device, drafter_chain): the drafter's drafts left on the
+# device (the default with graphs; its rounds chained to the verification, drafter_chain
+# None) and launched after each step instead (False), read on the host first, and eager
+# (rounds on the host path)
+VARIANTS = (("off", False, None, None), ("off", True, None, None), ("copy", False, None, None),
+            ("drafter", False, None, None), ("copy+drafter", False, None, None),
+            ("copy+drafter", False, None, False), ("copy+drafter", False, False, None),
+            ("copy+drafter", True, None, None))
 
 
 def lossless_and_speed(engine: Path, tag: str, prompts, max_tokens: int) -> None:
@@ -155,17 +160,19 @@ def lossless_and_speed(engine: Path, tag: str, prompts, max_tokens: int) -> None
                                 ignore_eos=True)
         for streams in (1, 8):
             rows = []
-            for mode, eager, on_device in VARIANTS:
+            for mode, eager, on_device, chain in VARIANTS:
                 r = run(engine, mode, streams, prompts, params, device=DEVICE[0],
-                        model_impl="plugins", enforce_eager=eager, drafts_on_device=on_device)
+                        model_impl="plugins", enforce_eager=eager, drafts_on_device=on_device,
+                        drafter_chain=chain)
                 r.update(engine=tag, temperature=temp, seed=seed, eager=eager,
-                         drafts_on_device=on_device)
+                         drafts_on_device=on_device, drafter_chain=chain)
                 rows.append(r)
             worst = standalone.mark_mismatches(rows)
             for r in rows:
                 bad = r["mismatches_vs_off"]
                 label = (f"{r['mode']}{' eager' if r['eager'] else ''}"
-                         f"{' host drafts' if r['drafts_on_device'] is False else ''}")
+                         f"{' host drafts' if r['drafts_on_device'] is False else ''}"
+                         f"{' unchained' if r['drafter_chain'] is False else ''}")
                 print(f"  {tag} T={temp} seed={seed} streams={streams} {label:<16} "
                       f"{r['tokens_per_s']:8.1f} tok/s  tau {r['tau'] or 0:.2f}  "
                       f"mismatches {bad}", flush=True)

@@ -64,6 +64,8 @@ PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
          ("fill", "runner", "_fill"), ("fill_host", "runner", "_fill_host"),
          ("upload", "runner", "_upload"), ("replay", "graph", "replay"),
          ("forward_deferred", "engine", "_forward_deferred"),
+         # the chained round's enqueueing while a step is verified (spec/drafter_chain.py)
+         ("chain", "drafter", "chain"),
          ("d_inputs", "drafter", "_collect"), ("d_step", "drafter_runner", "step"),
          # the drafter's graph replays alone (replay counts the target's too)
          ("d_replay", "drafter_runner", "_replay"))
@@ -220,6 +222,7 @@ def timed_mode(args, mode: str, prompts: list):
         llm = LLM(args.engine, speculative=base, max_num_seqs=1, device=args.device,
                   drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
                   drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device],
+                  drafter_chain=DRAFTS_ON_DEVICE[args.drafter_chain],
                   cpu_affinity=args.cpu_affinity)
         if "no-rounds" in parts:
             llm.engine.speculator.gate.decide = lambda request_ids: set()
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="EngineArgs.cpu_affinity: gpu-local or a CPU list (default: as it is)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"])
     ap.add_argument("--drafts-on-device", default="auto", choices=list(DRAFTS_ON_DEVICE))
+    ap.add_argument("--drafter-chain", default="auto", choices=list(DRAFTS_ON_DEVICE))
     ap.add_argument("--warm-runs", type=int, default=0,
                     help="whole untimed generates of the prompts before the timed one")
     ap.add_argument("--gc", default="on", choices=["on", "off", "freeze"],

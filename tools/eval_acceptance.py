@@ -5,6 +5,7 @@
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
         [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off]
+        [--drafter-chain auto|on|off]
         [--drafter-stream own|current] [--repeats R]
         [--isolated K [--isolated-modes copy copy+drafter]]
         [--prompts-dir DIR] [--json out.json]
@@ -85,7 +86,8 @@ def run_modes(args, modes, prompts, temps) -> dict:
                    max_model_len=args.max_model_len, device=args.device,
                    drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
                    drafter_gate=args.drafter_gate, cpu_affinity=args.cpu_affinity,
-                   drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device])
+                   drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device],
+                   drafter_chain=DRAFTS_ON_DEVICE[args.drafter_chain])
             for m in modes}
     first = next(iter(llms.values()))
     out: dict = {m: {} for m in modes}
@@ -250,6 +252,9 @@ def parser() -> argparse.ArgumentParser:
                     choices=list(DRAFTS_ON_DEVICE),
                     help="leave the drafter's drafts on the device until verification "
                          "(EngineArgs.drafts_on_device; auto: on with overlapped rounds)")
+    ap.add_argument("--drafter-chain", default="auto", choices=list(DRAFTS_ON_DEVICE),
+                    help="enqueue the next drafter round while a step is verified "
+                         "(EngineArgs.drafter_chain; auto: on with drafts on the device)")
     ap.add_argument("--drafter-stream", choices=("own", "current"), default="current",
                     help="drafter rounds on a CUDA stream of their own or on the current one "
                          "(spec/plugin_drafter_proposer.py, OWN_STREAM)")

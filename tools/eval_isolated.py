@@ -32,6 +32,7 @@ def child_argv(args) -> list[str]:
            "--temperatures", *map(str, args.temperatures), "--template", args.template,
            "--device", args.device, "--drafter-attention", args.drafter_attention,
            "--drafter-gate", args.drafter_gate, "--drafts-on-device", args.drafts_on_device,
+           "--drafter-chain", args.drafter_chain,
            "--drafter-stream", args.drafter_stream, "--sampler", args.sampler,
            "--prompts-dir", str(args.prompts_dir), "--repeats", str(args.repeats)]
     if args.drafter_depth is not None:

@@ -87,6 +87,9 @@ class PluginRunner:
         self._draft_k = 0                                # draft_dst entries the last step set
         self.taps_sink: torch.Tensor | None = None      # `use_taps_sink`
         self._sink_trash = np.zeros(0, dtype=np.int64)  # its spare rows, one per token
+        # int64 [>= T] on the device: the last step's input ids as the model read them (the
+        # drafts put in); the engine's chained drafter round reads them
+        self.last_input_ids: torch.Tensor | None = None
 
     def use_taps_sink(self, sink: torch.Tensor, trash: int) -> None:
         """Steps given `taps_dst` write their taps into `sink` (bf16 [N, n_taps, H] on the
@@ -186,6 +189,7 @@ class PluginRunner:
             raise ValueError("draft_ids: values must be a view of the runner's draft source "
                              "(use_draft_source) from its start")
         padded = self._fill(meta, *b, draft_ids, taps_dst)
+        self.last_input_ids = padded.input_ids
         key = (*b, tuple(tap_layers))
         if not self.use_graphs:
             logits, taps = self._run(padded, tap_layers)
@@ -206,6 +210,7 @@ class PluginRunner:
             dst, src, values = draft_ids
             _put_drafts(meta.input_ids, torch.tensor(dst, device=dev),
                         torch.tensor(src, device=dev), values)
+        self.last_input_ids = meta.input_ids
         logits, taps = self.model.forward(meta, self.caches, max(meta.seq_lens_host),
                                           max(meta.q_lens), tap_layers=tap_layers)
         if taps_dst is None:

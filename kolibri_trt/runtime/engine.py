@@ -34,7 +34,8 @@ from .output import OutputProcessor, RequestOutput
 from .plugin_loader import load_plugin_target
 from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
-from .step_verification import verify_step
+from .step_drafts import chain_items, deferred_slots, taps_dst
+from .step_verification import TokenReader, verify_step
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,15 @@ class LLMEngine:
         elif defer and not isinstance(self.runner, PluginRunner):
             raise ValueError("drafts_on_device: needs the kernel path on one device "
                              "(model_impl='plugins', no tensor parallelism)")
+        chain = self.args.drafter_chain
+        if chain is None:
+            chain = defer and overlap and isinstance(proposer, PluginDrafterProposer)
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
-                                     gate=self.args.drafter_gate, overlap=overlap, defer=defer)
+                                     gate=self.args.drafter_gate, overlap=overlap, defer=defer,
+                                     chain=chain)
+        if self.speculator.chain_rounds:
+            proposer.enable_chain(self.args.num_speculative_tokens, self.runner.max_t)
+        self._reader = TokenReader()
         if self.speculator.defer:       # the target's graphs put the drafts in themselves
             self.runner.use_draft_source(proposer.runner.drafts_out)
         if isinstance(proposer, PluginDrafterProposer) and isinstance(self.runner, PluginRunner):
@@ -218,8 +226,9 @@ class LLMEngine:
         else:
             logits, taps, on_device = self._forward_deferred(meta, scheduled, extra, deferred,
                                                              sink)
+        chain = chain_items(scheduled, extra, drafts) if self.speculator.chain_rounds else None
         verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra,
-                                    on_device)
+                                    on_device, chain)
         outputs = []
         firsts = itertools.accumulate(meta.q_lens, initial=0)
         for item, first in zip(scheduled, firsts):
@@ -243,19 +252,14 @@ class LLMEngine:
         return outputs
 
     def _taps_dst(self, scheduled, extra: dict[str, list[int]]) -> list[int] | None:
-        """Where the step's taps go in the drafter's history (`PluginDrafterProposer.taps_dst`,
-        one row per token), when the target's runner writes them there itself (its taps sink
-        is the current proposer's history); else None (the taps come back to `observe`)."""
+        """Where the step's taps go in the drafter's history (`step_drafts.taps_dst`), when
+        the target's runner writes them there itself (its taps sink is the current
+        proposer's history); else None (the taps come back to `observe`)."""
         prop = self.speculator.drafter if self.speculator.needs_taps else None
         if not isinstance(prop, PluginDrafterProposer) \
                 or getattr(self.runner, "taps_sink", None) is not prop.runner.history:
             return None
-        dst = []
-        for item in scheduled:
-            rid = item.seq.request_id
-            n = item.num_tokens + (len(extra.get(rid, ())) if item.samples else 0)
-            dst += prop.taps_dst(rid, item.start, n)
-        return dst
+        return taps_dst(prop, scheduled, extra)
 
     def _forward_deferred(self, meta, scheduled, extra: dict[str, list[int]],
                           deferred: DeferredDrafts, sink: dict):
@@ -263,17 +267,7 @@ class LLMEngine:
         zeros for them; `_verify_all` reads the real ones). sink: `runner.forward`'s
         taps_dst, if any. Returns `runner.forward`'s (logits, taps) and (the drafts, int64
         [S, n] on the device; request id -> offset of its row in them flattened)."""
-        width = int(deferred.drafts.shape[1])
-        row_of = {rid: i * width for i, rid in enumerate(deferred.request_ids)}
-        dst, src, first = [], [], 0
-        for item in scheduled:
-            rid = item.seq.request_id
-            n = len(extra.get(rid, ())) if item.samples else 0
-            if n and rid in row_of:
-                a = first + item.num_tokens
-                dst.extend(range(a, a + n))
-                src.extend(range(row_of[rid], row_of[rid] + n))
-            first += item.num_tokens + n
+        dst, src, row_of = deferred_slots(scheduled, extra, deferred)
         deferred.ready_here()
         logits, taps = self.runner.forward(meta, self.tap_layers,
                                            draft_ids=(dst, src, deferred.drafts.view(-1)), **sink)
@@ -292,11 +286,17 @@ class LLMEngine:
         self._step_mark = now if self.scheduler.has_work() else None
 
     def _verify_all(self, seqs: list[Sequence], logits: torch.Tensor,
-                    extra: dict[str, list[int]], on_device=None) -> dict[str, Verdict]:
+                    extra: dict[str, list[int]], on_device=None,
+                    chain: list[tuple[str, int, int, int]] | None = None
+                    ) -> dict[str, Verdict]:
         """`step_verification.verify_step` with this engine's speculator and acceptance
-        method (a method of its own, so that profilers can time it)."""
+        method (a method of its own, so that profilers can time it); chain: the streams whose
+        next drafter round is enqueued while the host waits for the step's tokens
+        (`step_drafts.chain_items`)."""
+        hook = None if chain is None else (
+            lambda own: self.speculator.chain(chain, own, self.runner.last_input_ids))
         return verify_step(seqs, logits, extra, self.speculator, self.args.acceptance_method,
-                           on_device)
+                           on_device, self._reader, hook)
 
     def _propose(self) -> dict[str, tuple[list[int], list[str]]]:
         """Drafts for every running stream that is past its prefill (one batched round)."""

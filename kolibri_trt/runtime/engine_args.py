@@ -41,6 +41,10 @@ class EngineArgs:
     # only at verification, so no host sync waits for the round (spec/speculator.py, `defer`):
     # None = on with drafter_overlap on one device's kernel path
     drafts_on_device: bool | None = None
+    # enqueue a stream's next drafter round on the device while its step is verified, its
+    # inputs computed there from the step's tokens (spec/drafter_chain.py), instead of
+    # launching it after the step: None = on with drafts_on_device
+    drafter_chain: bool | None = None
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces

@@ -31,6 +31,7 @@ import torch
 
 from ..drafter import DrafterTarget
 from ..drafter.plugin_drafter import DrafterPlugin
+from .drafter_chain import ChainedRound
 from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  (re-exported)
 
 # Rounds on a CUDA stream of their own (True) or on the caller's current stream (False, the
@@ -49,7 +50,8 @@ class DeferredDrafts:
     of the target's tokens (`runtime/step_verification.py`; `collect` reads them alone), so
     no host sync sits between the round and the pass."""
 
-    request_ids: list[str]               # the round's ready streams, in its row order
+    request_ids: list[str | None]        # the round's streams in its row order (None: a row
+                                         # of a chained round no stream drafts with)
     drafts: torch.Tensor                 # int64 [S, depth*B] target ids, the drafter's device:
                                          # the head of DrafterRunner.drafts_out
     stream: torch.cuda.Stream | None     # the round's CUDA stream (None on CPU)
@@ -99,7 +101,12 @@ class PluginDrafterProposer:
         # CUDA and OWN_STREAM: the rounds' own stream (else the caller's current stream)
         self.stream = torch.cuda.Stream(drafter.device) \
             if drafter.device.type == "cuda" and OWN_STREAM else None
-        self._inflight: tuple[list[str], torch.Tensor] | None = None
+        self._inflight: tuple[list[str | None], torch.Tensor] | None = None
+        self.chained: ChainedRound | None = None     # `enable_chain`
+        # the last chained round: its streams in row order, its drafts, the streams observed
+        # since (their anchors now known on the host: kv_end set)
+        self._chain: tuple[list[str], torch.Tensor, set[str]] | None = None
+        self.rounds_chained = 0                      # launches served by a chained round
         self.free = list(range(max_streams - 1, -1, -1))
         self.evicted: set[str] = set()
         self._clock = 0
@@ -178,6 +185,10 @@ class PluginDrafterProposer:
                     self.runner.write_history(st.slot, start, taps.to(
                         self.drafter.device, torch.bfloat16))
         st.num_positions += n
+        if self._chain is not None and request_id in self._chain[0] \
+                and request_id not in self._chain[2]:
+            st.kv_end = st.num_positions - 1     # the chained round's anchor: start + accepted
+            self._chain[2].add(request_id)
 
     # ---- a round -------------------------------------------------------------------------
     @torch.no_grad()
@@ -197,7 +208,18 @@ class PluginDrafterProposer:
         current stream has enqueued, e.g. the target pass whose taps it reads), so it overlaps
         the host's next work; `collect` returns its drafts. A round launched and never
         collected is simply
-        superseded: its commit rows stay (the stream's state advanced), its drafts go unread."""
+        superseded: its commit rows stay (the stream's state advanced), its drafts go unread.
+        When every stream of `items` was in the last chained round (`chain`) and observed
+        since, that round is the launch: nothing is enqueued."""
+        chain, self._chain = self._chain, None
+        if chain is not None and items and all(rid in chain[2] for rid, _ in items):
+            self._clock += 1
+            for rid, _ in items:
+                self.streams[rid].last_used = self._clock
+            keep = {rid for rid, _ in items}
+            self._inflight = ([r if r in keep else None for r in chain[0]], chain[1])
+            self.rounds_chained += 1
+            return
         batch = self._collect(items)
         if batch is None:
             self._inflight = None
@@ -206,6 +228,37 @@ class PluginDrafterProposer:
         with self._on_stream():
             drafts, _ = self.runner.step(commit, rnd)
         self._inflight = (ready, drafts)
+
+    def enable_chain(self, max_drafts: int, max_tokens: int) -> None:
+        """Allow `chain` (max_drafts: drafts of one stream per step; max_tokens: token rows of
+        one step, the target runner's)."""
+        self.chained = ChainedRound(self.runner, max_drafts, max_tokens)
+
+    @torch.no_grad()
+    def chain(self, items: list[tuple[str, int, int, int]], own: torch.Tensor,
+              inputs: torch.Tensor) -> None:
+        """Enqueue the round that follows the step being verified (`drafter_chain.py`), for the
+        streams of items = (request id, first row in the step, start position, drafts) whose
+        last round was anchored at start - 1 (others are left to `launch`); own int64 [T]:
+        the target's own token per row, inputs: the step's input ids (device). Its drafts
+        serve the next `launch` of these streams once `observe` has seen them. Needs
+        `enable_chain`. Raises ValueError as `ChainedRound.launch`."""
+        self._chain = None
+        rows, ids = [], []
+        for rid, row0, start, k in items:
+            st = self.streams.get(rid)
+            if st is not None and st.num_positions == start and st.kv_end == start - 1:
+                ids.append(rid)
+                rows.append((row0, k, start, st.slot))
+        if not ids:
+            return
+        with self._on_stream():
+            drafts = self.chained.launch(rows, own, inputs)
+        self._chain = (ids, drafts, set())
+
+    def drop_chain(self) -> None:
+        """Forget the last chained round (no `launch` took it)."""
+        self._chain = None
 
     def deferred(self) -> DeferredDrafts | None:
         """The last `launch`'s drafts on the device without waiting for them (None when it had
@@ -226,7 +279,7 @@ class PluginDrafterProposer:
         ready, drafts = inflight
         with self._on_stream():
             host = self.runner.start_read(drafts)
-        return dict(zip(ready, self.runner.finish_read(host)))
+        return {r: d for r, d in zip(ready, self.runner.finish_read(host)) if r is not None}
 
     def discard(self) -> None:
         """End the last `launch`'s round without reading its drafts here (the caller read

@@ -28,11 +28,14 @@ class Speculator:
     `defer`: then the drafter's drafts stay on the device (`DeferredDrafts`, `take_deferred`):
     `propose_all` returns placeholders (zeros) for them, the target pass reads the real ones
     on the device, and the engine reads them at verification, in the copy of the target's
-    tokens (`discard_deferred`; `resolve_deferred` reads them alone)."""
+    tokens (`discard_deferred`; `resolve_deferred` reads them alone). `chain` (with `defer`):
+    the engine hands `chain` each step's candidates while it verifies the step, and the
+    drafter enqueues their next round on the device right then (`drafter_chain.py`); the
+    prefetch then takes that round instead of launching one."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
                  min_ngram: int = 2, max_ngram: int = 4, gate: str = "always",
-                 overlap: bool = False, defer: bool = False):
+                 overlap: bool = False, defer: bool = False, chain: bool = False):
         if mode not in MODES:
             raise ValueError(f"speculative: must be one of {list(MODES)}, got {mode!r}")
         if "drafter" in mode and drafter is None:
@@ -50,6 +53,10 @@ class Speculator:
             raise ValueError("drafts_on_device: needs the drafter's kernel path "
                              "(PluginDrafterProposer)")
         self.defer = defer and self.needs_taps
+        if chain and not (self.defer and self.overlap):
+            raise ValueError("drafter_chain: needs drafter_overlap and drafts_on_device on the "
+                             "drafter's kernel path")
+        self.chain_rounds = chain
         self.deferred: DeferredDrafts | None = None   # the last propose_all's, until taken
         self.prefetched: set[str] | None = None   # streams of the round in flight
         self.prefetch_seen: set[str] = set()      # streams `prefetch` decided on
@@ -121,8 +128,17 @@ class Speculator:
         self.deferred = self.drafter.deferred()
         if self.deferred is not None:
             n = int(self.deferred.drafts.shape[1])
-            got.update((rid, [0] * n) for rid in self.deferred.request_ids)
+            got.update((rid, [0] * n) for rid in self.deferred.request_ids if rid is not None)
         return got
+
+    def chain(self, items: list[tuple[str, int, int, int]], own: torch.Tensor,
+              inputs: torch.Tensor) -> None:
+        """While a step is verified (`chain_rounds`): enqueue the next round of the streams
+        of items = (request id, first row, start position, drafts) on the device
+        (`PluginDrafterProposer.chain`); own: the target's own token per row; inputs: the
+        step's input ids on the device."""
+        if self.chain_rounds and items:
+            self.drafter.chain(items, own, inputs)
 
     def take_deferred(self) -> DeferredDrafts | None:
         """The drafts `propose_all` left on the device (None if it left none), once."""
@@ -154,6 +170,8 @@ class Speculator:
         ready = [(rid, tokens) for rid, tokens in cands if rid in go]
         if ready:
             self.drafter.launch(ready)
+        elif self.chain_rounds:
+            self.drafter.drop_chain()
         self.prefetched = {rid for rid, _ in ready}
         self.prefetch_seen = {rid for rid, _, _ in items}
 

@@ -1,0 +1,147 @@
+"""Chained drafter rounds: the next step's round enqueued right behind the target pass that it
+follows, its inputs computed on the device (`ChainedRound`, used by `PluginDrafterProposer.chain`).
+
+A round needs, per stream, the accepted drafts a of the step just verified: its anchor is
+p = start + a (start: the step's first position, the newest committed token), its next token
+the target's own token at row row0 + a (the bonus token), and its commit rows are positions
+start - 1 .. start - 1 + a, whose next tokens are the step's inputs at rows row0 .. row0 + a
+(the committed token, then the accepted drafts). Greedy or position-keyed, a is the number of
+leading drafts equal to the target's own token at their row (`spec/verify.py`: `accept`), which
+the device knows as soon as it has the target's own tokens. So the engine enqueues the round
+between those tokens' copy to the host and the host's wait for them: the round runs while the
+host verifies, commits and prepares the next step, with no launch of its own after the step
+(the prefetch's `DrafterRunner.step`: staging, upload, replay, 0.09 ms of host time per round on
+the H200, bench/results/h200-2026-11-30h/zq/split_copy_drafter.log), and its graph time hides
+behind the host's.
+
+It equals the round `PluginDrafterProposer.launch` would stage after the step for the same
+streams (`_collect`: commit rows kv_end .. p - 1, next ids tokens[q + 1]) when the stream's
+last round was anchored at start - 1 (kv_end = start - 1), which the proposer checks. One
+graph per (commit bucket, stream bucket, ring length) holds the device prologue (this file),
+`DrafterPlugin.commit` and `DrafterPlugin.propose` (`DrafterRunner._commit_step`,
+`_round_step`). Host work per chained round: one upload of 5 ints per stream, two device copies
+(the step's input ids and own tokens into static buffers), one replay.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .drafter_runner import MIN_COMMIT, DrafterRunner, _pow2
+
+FIELDS = 5   # per stream: first row in the step, drafts, start position, ring slot, valid
+
+
+class ChainedRound:
+    """Device-side inputs of a round that follows a verified step (module docstring).
+
+    runner: the proposer's `DrafterRunner` (its index buffer, graphs, ring and history);
+    max_drafts: most drafts of one stream in a step (num_speculative_tokens); max_tokens: most
+    token rows of a step (the target runner's max_t)."""
+
+    def __init__(self, runner: DrafterRunner, max_drafts: int, max_tokens: int):
+        if max_drafts < 1 or max_tokens < 1:
+            raise ValueError(f"max_drafts, max_tokens: must be >= 1, got {max_drafts}, "
+                             f"{max_tokens}")
+        dev = runner.model.device
+        self.runner, self.width = runner, max_drafts + 1      # commit rows per stream, at most
+        s = runner.max_s
+        self.fields = torch.zeros(FIELDS, s, dtype=torch.long, device=dev)
+        cuda = dev.type == "cuda"
+        self.stage = torch.zeros(FIELDS, s, dtype=torch.long, pin_memory=True) if cuda \
+            else self.fields
+        self.stage_np = self.stage.numpy()
+        self.uploaded = torch.cuda.Event() if cuda else None
+        # row 0: the step's input ids (with its drafts), row 1: the target's own tokens
+        self.tokens = torch.zeros(2, max_tokens + 1, dtype=torch.long, device=dev)
+        self.j = torch.arange(self.width, dtype=torch.long, device=dev)
+        self.offsets = torch.as_tensor(runner.offsets, device=dev)      # [depth, 1, B]
+
+    def commit_bucket(self, s_b: int) -> int:
+        return max(MIN_COMMIT, _pow2(s_b * self.width))
+
+    def launch(self, rows: list[tuple[int, int, int, int]], own: torch.Tensor,
+               inputs: torch.Tensor) -> torch.Tensor:
+        """Enqueue the round of S streams: rows[s] = (first row of the stream in the step,
+        its drafts k, its start position, its ring slot); own int64 [T]: the target's own
+        token per row; inputs int64 [>= T]: the step's input ids as the target read them (the
+        drafts put in). Returns the drafts int64 [S, depth*B] on the device (a view of the
+        graph's output, valid until the runner's next step; also in `drafts_out`).
+
+        Raises ValueError when S exceeds the runner's slots, the rows exceed its largest
+        commit bucket, T exceeds max_tokens, or a round would pass the RoPE table
+        (max_model_len)."""
+        r, s, t = self.runner, len(rows), int(own.numel())
+        s_b = _pow2(s)
+        n_b = self.commit_bucket(s_b)
+        if s_b > r.max_s or n_b > r.max_commit or t >= self.tokens.shape[1]:
+            raise ValueError(f"chained round: {s} streams of up to {self.width} commit rows, "
+                             f"{t} token rows do not fit (slots {r.max_s}, commit bucket "
+                             f"{r.max_commit}, rows {self.tokens.shape[1] - 1})")
+        b = r.model.config.block_size
+        top = max(start + k for _, k, start, _ in rows) + r.depth * b - 1
+        if top >= r.max_positions:
+            raise ValueError(f"max_model_len: a round reaches position {top}, the runner's RoPE "
+                             f"table holds positions < {r.max_positions}")
+        if self.uploaded is not None:
+            self.uploaded.synchronize()          # the stage's last upload is done
+        st = self.stage_np
+        st[:4, :s] = np.asarray(rows, dtype=np.int64).T
+        st[4, :s] = 1
+        st[:, s:s_b] = 0
+        if self.uploaded is not None:
+            self.fields.copy_(self.stage, non_blocking=True)
+            self.uploaded.record()
+        self.tokens[0, :t].copy_(inputs[:t])
+        self.tokens[1, :t].copy_(own)
+        length = r.length_bucket(top - r.depth * b + 1)
+        drafts, _ = r._replay(("chain", n_b, s_b, length),
+                              lambda: self._steps(n_b, s_b, length),
+                              parts=(("commit", n_b), ("round", s_b, length, False)))
+        return drafts[:s]
+
+    def _steps(self, n_b: int, s_b: int, length: int):
+        """The graphed chain of bucket (n_b, s_b, length): prologue, commit, round."""
+        self._prologue(n_b, s_b)
+        self.runner._commit_step(n_b)
+        return self.runner._round_step(s_b, length)
+
+    def _prologue(self, n_b: int, s_b: int) -> None:
+        """Write the round's and the commit's index columns (`DrafterRunner` layout) from the
+        fields and tokens, as `_stage_round` / `_stage_commit` would from the host: padding
+        streams and rows past a stream's a + 1 commit rows as their padding."""
+        r, w = self.runner, self.width
+        f = self.fields[:, :s_b]
+        row0, k, start, slot, valid = f[0], f[1], f[2], f[3], f[4] != 0
+        inp, own = self.tokens[0], self.tokens[1]
+        last = inp.shape[0] - 1
+        jd = self.j[:w - 1]                                           # draft index
+        ri = (row0[:, None] + jd).clamp(max=last - 1)
+        match = (inp[ri + 1] == own[ri]) & (jd < k[:, None])
+        a = match.long().cumprod(1).sum(1)                            # accepted drafts
+        p = start + a
+        bonus = own[(row0 + a).clamp(max=last)]
+        big_r, big_w, trash = r.ring.size, r.history_rows, r.ring.trash
+        rnd = r.r_idx
+        rnd[0, :s_b] = torch.where(valid, bonus, 0)
+        rnd[1, :s_b] = torch.where(valid, slot, trash)
+        rnd[3, :s_b] = torch.where(valid, slot * big_w + p % big_w, 0)
+        pos = torch.where(valid, p, 0)[None, :, None] + self.offsets   # [depth, s_b, B]
+        n = pos.numel()
+        rnd[4, :n] = pos.reshape(-1)
+        rnd[5, :n] = pos.reshape(-1) % big_r
+        rnd[2, :r.depth * s_b] = pos[:, :, 0].reshape(-1)
+        q = start[:, None] - 1 + self.j                               # [s_b, w] positions
+        ok = valid[:, None] & (self.j <= a[:, None])
+        qv = torch.where(ok, q, -1)
+        m, c = s_b * w, r.c_idx
+        c[0, :m] = torch.where(ok, inp[(row0[:, None] + self.j).clamp(max=last)], 0).reshape(-1)
+        c[1, :m] = torch.where(ok, slot[:, None], trash).reshape(-1)
+        c[2, :m] = qv.reshape(-1)
+        c[3, :m] = torch.where(ok, slot[:, None] * big_w + q % big_w, 0).reshape(-1)
+        c[4, :m] = (qv % big_r).reshape(-1)
+        c[5, :m] = qv.clamp(min=0).reshape(-1)
+        if n_b > m:                               # the bucket's padding rows
+            for i, v in enumerate((0, trash, -1, 0, big_r - 1, 0)):
+                c[i, m:n_b] = v
