@@ -65,6 +65,9 @@
 #       gpu_runtime (every mode == off, chained and unchained), the timed split of
 #       copy+drafter chained and unchained (own processes), the in-process chat + German eval
 #       (~9 min).                                                carry: engines/carry-b.tar.xz
+#   PART=zs bash bench/gpu_session.sh   PART zr again with the chain graphs captured at
+#       start-up and the input ids read in place; the eval with 8 prompts each, medians of 3
+#       (~8 min).                                                carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -253,6 +256,20 @@ case "${PART:-}" in
     evalmini inproc 100 --categories mt_bench translation --per-category 6 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_inproc.json"
     pack zr
+    ;;
+  zs)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step runtime 230 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P"
+    for c in on off; do
+      step "split_chain_$c" 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
+        --prompts-file "$P" --modes copy+drafter --max-tokens 192 --warm-runs 1 \
+        --profiler off --drafter-chain "$c" --out "$OUT/split_chain_$c"
+    done
+    evalmini inproc 150 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 3 --temperatures 0 --json "$OUT/eval_inproc.json"
+    pack zs
     ;;
   zn)
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"

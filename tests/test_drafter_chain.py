@@ -153,3 +153,29 @@ def test_chain_needs_deferred_drafts(default_engine):
         LLM(default_engine, speculative="copy+drafter", max_num_seqs=1, max_model_len=256,
             model_impl="plugins", enforce_eager=True, drafter_overlap=True,
             drafts_on_device=False, drafter_chain=True)
+
+
+def test_chain_reads_bound_inputs_in_place(engines):
+    """With `use_inputs` (the target's static input ids under graphs) the chain reads the ids
+    there: the same round as from a copy; a step whose ids lie elsewhere (an eager step)
+    chains nothing."""
+    results = []
+    for bind in (False, True):
+        _, a = _proposers(engines["bf16"], 1)
+        buffer = torch.zeros(40, dtype=torch.long)
+        a.enable_chain(max_drafts=4, max_tokens=32, inputs=buffer if bind else None)
+        g = torch.Generator().manual_seed(SEED)
+        toks = torch.randint(0, 2000, (9,), generator=g).tolist()
+        a.observe("x", 0, _taps(a, 8, g))
+        a.propose_batch([("x", toks)])                # kv_end = 7 = start - 1
+        a.runner.write_history(a.streams["x"].slot, 8, _taps(a, 3, g))
+        buffer[:3] = torch.tensor([toks[-1], 11, 12])
+        own = torch.tensor([11, 40, 41])              # draft 11 accepted, 12 not: a = 1
+        if bind:
+            a.chain([("x", 0, 8, 2)], own, torch.zeros(3, dtype=torch.long))
+            assert a._chain is None                    # ids elsewhere: nothing chained
+        a.chain([("x", 0, 8, 2)], own, buffer)
+        a.observe("x", 8, n=2)
+        results.append(a.propose_batch([("x", toks + [11, 40])]))
+        assert a.rounds_chained == 1
+    assert results[0] == results[1]

@@ -96,8 +96,10 @@ class LLMEngine:
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
                                      gate=self.args.drafter_gate, overlap=overlap, defer=defer,
                                      chain=chain)
-        if self.speculator.chain_rounds:
-            proposer.enable_chain(self.args.num_speculative_tokens, self.runner.max_t)
+        if self.speculator.chain_rounds:   # graphs: the input ids where the target's keep them
+            proposer.enable_chain(self.args.num_speculative_tokens, self.runner.max_t,
+                                  self.runner.static["input_ids"] if self.runner.use_graphs
+                                  else None)
         self._reader = TokenReader()
         if self.speculator.defer:       # the target's graphs put the drafts in themselves
             self.runner.use_draft_source(proposer.runner.drafts_out)

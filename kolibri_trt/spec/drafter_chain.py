@@ -12,15 +12,17 @@ between those tokens' copy to the host and the host's wait for them: the round r
 host verifies, commits and prepares the next step, with no launch of its own after the step
 (the prefetch's `DrafterRunner.step`: staging, upload, replay, 0.09 ms of host time per round on
 the H200, bench/results/h200-2026-11-30h/zq/split_copy_drafter.log), and its graph time hides
-behind the host's.
+behind the host's. Its graphs are captured at start-up (`capture_all`: one per stream bucket
+and ring length).
 
 It equals the round `PluginDrafterProposer.launch` would stage after the step for the same
 streams (`_collect`: commit rows kv_end .. p - 1, next ids tokens[q + 1]) when the stream's
 last round was anchored at start - 1 (kv_end = start - 1), which the proposer checks. One
 graph per (commit bucket, stream bucket, ring length) holds the device prologue (this file),
 `DrafterPlugin.commit` and `DrafterPlugin.propose` (`DrafterRunner._commit_step`,
-`_round_step`). Host work per chained round: one upload of 5 ints per stream, two device copies
-(the step's input ids and own tokens into static buffers), one replay.
+`_round_step`). Host work per chained round: one upload of 5 ints per stream, one device copy
+(the target's own tokens into a static buffer; the input ids are read where the target's
+graphs keep them, `use_inputs`, or copied too), one replay.
 """
 
 from __future__ import annotations
@@ -57,6 +59,47 @@ class ChainedRound:
         self.tokens = torch.zeros(2, max_tokens + 1, dtype=torch.long, device=dev)
         self.j = torch.arange(self.width, dtype=torch.long, device=dev)
         self.offsets = torch.as_tensor(runner.offsets, device=dev)      # [depth, 1, B]
+        self.inputs = self.tokens[0]       # what the prologue reads the input ids from
+        self.bound = False                 # inputs is a buffer of the target's (use_inputs)
+
+    def use_inputs(self, buffer: torch.Tensor) -> None:
+        """Read the step's input ids from `buffer` (int64 [>= max_tokens + 1] on the device,
+        at a fixed address: the target runner's static input_ids) instead of a copy of them
+        per round; `launch`'s inputs must then start at that address. Raises ValueError once
+        a chain graph is captured, or for a wrong buffer."""
+        if any(k[0] == "chain" for k in self.runner.graphs):
+            raise ValueError("use_inputs: chain graphs are captured already")
+        if buffer.dtype != torch.long or buffer.dim() != 1 or buffer.device != self.j.device \
+                or buffer.numel() < self.tokens.shape[1]:
+            raise ValueError(f"buffer: int64 [>= {self.tokens.shape[1]}] on {self.j.device}, "
+                             f"got {buffer.dtype} {tuple(buffer.shape)} on {buffer.device}")
+        self.inputs, self.bound = buffer, True
+
+    @torch.no_grad()
+    def capture_all(self) -> int:
+        """Capture every chain graph now (one per stream bucket and ring length whose commit
+        rows fit), on padding: no valid stream, only the trash slot written. Returns the number
+        captured. ValueError without graphs."""
+        r = self.runner
+        if not r.use_graphs:
+            raise ValueError("use_graphs: capture_all needs CUDA graphs on")
+        self.uploaded.synchronize()
+        self.stage_np[:] = 0
+        self.fields.copy_(self.stage)
+        count = 0
+        for s_b, length in r.round_buckets():
+            n_b = self.commit_bucket(s_b)
+            key = ("chain", n_b, s_b, length)
+            if n_b <= r.max_commit and key not in r.graphs:
+                r.graphs[key] = r._capture(lambda n=n_b, s=s_b, L=length: self._steps(n, s, L))
+                count += 1
+        return count
+
+    def reads(self, inputs: torch.Tensor) -> bool:
+        """Whether `launch` can take these input ids: any tensor while none is bound, else
+        only one that starts at the `use_inputs` buffer (a step the target ran outside its
+        graphs keeps its ids elsewhere)."""
+        return not self.bound or inputs.data_ptr() == self.inputs.data_ptr()
 
     def commit_bucket(self, s_b: int) -> int:
         return max(MIN_COMMIT, _pow2(s_b * self.width))
@@ -70,8 +113,8 @@ class ChainedRound:
         graph's output, valid until the runner's next step; also in `drafts_out`).
 
         Raises ValueError when S exceeds the runner's slots, the rows exceed its largest
-        commit bucket, T exceeds max_tokens, or a round would pass the RoPE table
-        (max_model_len)."""
+        commit bucket, T exceeds max_tokens, a round would pass the RoPE table
+        (max_model_len), or inputs is not the `use_inputs` buffer once one is given."""
         r, s, t = self.runner, len(rows), int(own.numel())
         s_b = _pow2(s)
         n_b = self.commit_bucket(s_b)
@@ -93,7 +136,11 @@ class ChainedRound:
         if self.uploaded is not None:
             self.fields.copy_(self.stage, non_blocking=True)
             self.uploaded.record()
-        self.tokens[0, :t].copy_(inputs[:t])
+        if not self.reads(inputs):
+            raise ValueError("chained round: inputs must start at the buffer given to "
+                             "use_inputs")
+        if not self.bound:
+            self.tokens[0, :t].copy_(inputs[:t])
         self.tokens[1, :t].copy_(own)
         length = r.length_bucket(top - r.depth * b + 1)
         drafts, _ = r._replay(("chain", n_b, s_b, length),
@@ -114,7 +161,8 @@ class ChainedRound:
         r, w = self.runner, self.width
         f = self.fields[:, :s_b]
         row0, k, start, slot, valid = f[0], f[1], f[2], f[3], f[4] != 0
-        inp, own = self.tokens[0], self.tokens[1]
+        own = self.tokens[1]
+        inp = self.inputs[:own.shape[0]]
         last = inp.shape[0] - 1
         jd = self.j[:w - 1]                                           # draft index
         ri = (row0[:, None] + jd).clamp(max=last - 1)

@@ -127,7 +127,9 @@ class PluginDrafterProposer:
         return self.depth * self.drafter.config.block_size
 
     def capture_all(self) -> int:
-        return self.runner.capture_all()
+        """Capture the runner's graphs and, with `enable_chain`, the chain graphs."""
+        count = self.runner.capture_all()
+        return count + (self.chained.capture_all() if self.chained is not None else 0)
 
     # ---- streams -------------------------------------------------------------------------
     def reset(self, request_id: str) -> None:
@@ -229,10 +231,14 @@ class PluginDrafterProposer:
             drafts, _ = self.runner.step(commit, rnd)
         self._inflight = (ready, drafts)
 
-    def enable_chain(self, max_drafts: int, max_tokens: int) -> None:
+    def enable_chain(self, max_drafts: int, max_tokens: int,
+                     inputs: torch.Tensor | None = None) -> None:
         """Allow `chain` (max_drafts: drafts of one stream per step; max_tokens: token rows of
-        one step, the target runner's)."""
+        one step, the target runner's; inputs: where the target's graphs keep the step's
+        input ids, read in place: `ChainedRound.use_inputs`)."""
         self.chained = ChainedRound(self.runner, max_drafts, max_tokens)
+        if inputs is not None:
+            self.chained.use_inputs(inputs)
 
     @torch.no_grad()
     def chain(self, items: list[tuple[str, int, int, int]], own: torch.Tensor,
@@ -242,8 +248,12 @@ class PluginDrafterProposer:
         last round was anchored at start - 1 (others are left to `launch`); own int64 [T]:
         the target's own token per row, inputs: the step's input ids (device). Its drafts
         serve the next `launch` of these streams once `observe` has seen them. Needs
-        `enable_chain`. Raises ValueError as `ChainedRound.launch`."""
+        `enable_chain`. A step whose input ids are not where the chain graphs read them
+        (`ChainedRound.reads`: an eager step) chains nothing. Raises ValueError as
+        `ChainedRound.launch`."""
         self._chain = None
+        if not self.chained.reads(inputs):
+            return
         rows, ids = [], []
         for rid, row0, start, k in items:
             st = self.streams.get(rid)
