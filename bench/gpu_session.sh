@@ -68,6 +68,9 @@
 #   PART=zs bash bench/gpu_session.sh   PART zr again with the chain graphs captured at
 #       start-up and the input ids read in place; the eval with 8 prompts each, medians of 3
 #       (~8 min).                                                carry: engines/carry-b.tar.xz
+#   PART=zt bash bench/gpu_session.sh   chained rounds in PART ze's eval (chat and German,
+#       greedy, one engine per process, 4 processes per mode), then the in-process eval at
+#       T = 0.8 (~8 min).                                        carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -270,6 +273,15 @@ case "${PART:-}" in
     evalmini inproc 150 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 3 --temperatures 0 --json "$OUT/eval_inproc.json"
     pack zs
+    ;;
+  zt)
+    unpack carry-b
+    E=(--categories mt_bench translation --per-category 4 --humaneval 0 --max-tokens 192
+       --repeats 2)
+    evalmini isolated 270 "${E[@]}" --temperatures 0 --isolated 4 \
+      --json "$OUT/eval_isolated.json"
+    evalmini sampled 150 "${E[@]}" --temperatures 0.8 --json "$OUT/eval_sampled.json"
+    pack zt
     ;;
   zn)
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"

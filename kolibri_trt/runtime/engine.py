@@ -272,7 +272,7 @@ class LLMEngine:
         dst, src, row_of = deferred_slots(scheduled, extra, deferred)
         deferred.ready_here()
         logits, taps = self.runner.forward(meta, self.tap_layers,
-                                           draft_ids=(dst, src, deferred.drafts.view(-1)), **sink)
+                                           draft_ids=(dst, src, deferred.flat), **sink)
         return logits, taps, (deferred.drafts, row_of)
 
     def _time_step(self, drafted: bool, copy_only: bool) -> None:

@@ -101,8 +101,7 @@ def _verify_keyed(keyed: list[Sequence], rows: torch.Tensor, extra: dict[str, li
     drafts (on_device) in the same copy to the host, then `accept`."""
     own = target_choices(rows, [len(extra.get(q.request_id, ())) for q in keyed],
                          [q.params for q in keyed], [len(q.output_token_ids) for q in keyed])
-    values = own if on_device is None else torch.cat(
-        [own, on_device[0].reshape(-1).to(own.device)])
+    values = own if on_device is None else torch.cat([own, on_device[0].view(-1)])
     before = None if before_read is None else (lambda: before_read(own))
     both = values.tolist() if reader is None and before is None else \
         (reader or TokenReader()).read(values, before)
