@@ -71,6 +71,12 @@
 #   PART=zt bash bench/gpu_session.sh   chained rounds in PART ze's eval (chat and German,
 #       greedy, one engine per process, 4 processes per mode), then the in-process eval at
 #       T = 0.8 (~8 min).                                        carry: engines/carry-b.tar.xz
+#   PART=zv bash bench/gpu_session.sh   every graph replayed once at start-up (its upload):
+#       gpu_runtime on 2 prompts, 24 tokens (capture_all leaves the cache untouched, every
+#       mode == off), then PART zt's isolated eval (~7 min).   carry: engines/carry-b.tar.xz
+#   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
+#       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
+#                                                               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -282,6 +288,21 @@ case "${PART:-}" in
       --json "$OUT/eval_isolated.json"
     evalmini sampled 150 "${E[@]}" --temperatures 0.8 --json "$OUT/eval_sampled.json"
     pack zt
+    ;;
+  zv)
+    unpack carry-b
+    step runtime 190 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --limit 2 --max-tokens 24
+    evalmini isolated 190 --categories mt_bench translation --per-category 4 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --isolated 4 \
+      --json "$OUT/eval_isolated.json"
+    pack zv
+    ;;
+  zu)
+    unpack carry-b
+    evalmini acceptance 280 --per-category 4 --humaneval 4 --max-tokens 192 --repeats 3 \
+      --json "$OUT/eval_h200.json"
+    pack zu
     ;;
   zn)
     step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"

@@ -141,7 +141,9 @@ class PluginRunner:
     @torch.no_grad()
     def capture_all(self, tap_layers: tuple[int, ...] = ()) -> int:
         """Capture every bucket's graph now, as vLLM does at start-up, so that no request
-        waits for a capture. Runs all-padding steps: nothing is written to the cache.
+        waits for a capture, and replay each once (a graph's first launch uploads it to the
+        device, a cost per graph that short runs would otherwise pay inside their steps).
+        Runs all-padding steps: nothing is written to the cache.
         Returns the number of graphs captured. Raises ValueError without use_graphs."""
         if not self.use_graphs:
             raise ValueError("use_graphs: capture_all needs CUDA graphs on")
@@ -159,6 +161,7 @@ class PluginRunner:
                 key = (s_b, t_b, tuple(tap_layers))
                 if key not in self.graphs:
                     self.graphs[key] = self._capture(self._fill(empty, s_b, t_b), tap_layers)
+                    self.graphs[key][0].replay()   # uploads it now, not at its first step
                     count += 1
                 t_b *= 2
             s_b *= 2

@@ -78,7 +78,7 @@ class ChainedRound:
     @torch.no_grad()
     def capture_all(self) -> int:
         """Capture every chain graph now (one per stream bucket and ring length whose commit
-        rows fit), on padding: no valid stream, only the trash slot written. Returns the number
+        rows fit) and replay each once (its upload), on padding: no valid stream, only the trash slot written. Returns the number
         captured. ValueError without graphs."""
         r = self.runner
         if not r.use_graphs:
@@ -92,6 +92,7 @@ class ChainedRound:
             key = ("chain", n_b, s_b, length)
             if n_b <= r.max_commit and key not in r.graphs:
                 r.graphs[key] = r._capture(lambda n=n_b, s=s_b, L=length: self._steps(n, s, L))
+                r.graphs[key][0].replay()           # uploaded now (first launch)
                 count += 1
         return count
 

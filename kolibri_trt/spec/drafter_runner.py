@@ -373,8 +373,9 @@ class DrafterRunner:
 
     @torch.no_grad()
     def capture_all(self) -> int:
-        """Capture every commit and round bucket now (all-padding steps: only the trash slot
-        is written; rounds without logits, as serving runs them). Returns the number of graphs
+        """Capture every commit and round bucket now and replay each once (its upload; all-
+        padding steps: only the trash slot is written; rounds without logits, as serving runs
+        them). Returns the number of graphs
         captured. ValueError without use_graphs."""
         if not self.use_graphs:
             raise ValueError("use_graphs: capture_all needs CUDA graphs on")
@@ -387,6 +388,7 @@ class DrafterRunner:
         for n_b in self.commit_buckets():
             if ("commit", n_b) not in self.graphs:
                 self.graphs[("commit", n_b)] = self._capture(lambda n=n_b: self._commit_step(n))
+                self.graphs[("commit", n_b)][0].replay()   # uploaded now (first launch)
                 count += 1
         merged = [n for n in self.commit_buckets() if n <= MERGE_COMMIT]
         for s_b, length in self.round_buckets():
@@ -397,5 +399,6 @@ class DrafterRunner:
             for key, fn in todo.items():
                 if key not in self.graphs:
                     self.graphs[key] = self._capture(fn)
+                    self.graphs[key][0].replay()
                     count += 1
         return count
