@@ -2,7 +2,7 @@
 # One H200 device call per part: check and time what changed in the kernel path since the last
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
-# root on the GPU machine. The parts of earlier sessions (c-v, y, z, za-zd) were removed once
+# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zn) were removed once
 # their results were written up: each results README (bench/results/*/README.md) names the commit
 # whose bench/gpu_session.sh holds the part it ran.
 #
@@ -14,48 +14,13 @@
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
-#   PART=w bash bench/gpu_session.sh   the taps history written by the target's passes
-#       (DrafterRunner.history, PluginRunner.use_taps_sink): the drafter round's graphs
-#       (replay == eager bits), gpu_runtime's lossless modes (T = 0 and 0.8, 1 and 8 streams),
-#       profile_generate's split, the short acceptance eval (~9 min); one archive back
-#       ($OUT/w_results.tar.gz).                                carry: engines/carry-b.tar.xz
-#   PART=ze bash bench/gpu_session.sh   the chat and German eval, greedy only,
-#       with 4 processes per mode (~5 min).                   carry: engines/carry-b.tar.xz
-#   PART=zf bash bench/gpu_session.sh   the machine's CPU/GPU topology, then PART ze's eval
-#       (one engine per process, 4 processes per mode) with the engine pinned to the CPUs next
-#       to the GPU (--cpu-affinity gpu-local) and without (~9 min).
-#                                                               carry: engines/carry-b.tar.xz
-#   PART=zg bash bench/gpu_session.sh   bench/graph_order.py: the graph replays of three
-#       engines built one after another, on the current stream, on a stream of their own, and
-#       after the first engine is deleted (~2 min).          carry: engines/carry-b.tar.xz
-#   PART=zh bash bench/gpu_session.sh   pipelined loads (~7 min): INT4 and FP8 paged attention
-#       with num_stages 5 (two code buffers; 2-4 compile to one), PART and tile variants
-#       (bench/int4_attn_tune.py, checks on the two best); the MoE expert GEMM with its row tiles
-#       outside the K loop (bench/moe_pipeline.py, bits vs the old loop) and gpu_check moe.
-#   PART=zi bash bench/gpu_session.sh   the new attention defaults and fewer warps (~9 min):
-#       int4_attn_tune round 2 (1-2 warps; FP8 warps), gpu_check int4 + fp8attn on the file
-#       defaults, bench/graph_order.py (PART zg), fullsize decode (the pipelined MoE in whole
-#       steps).                                                  carry: engines/carry-b.tar.xz
-#   PART=zj bash bench/gpu_session.sh   the one-warp attention defaults (~9 min): int4_attn_tune
-#       round 3, gpu_check int4 + fp8attn on the file defaults (sliding layers keep theirs), then
-#       the whole bench/plugins.py table (issue 6's figures).
-#   PART=zk bash bench/gpu_session.sh   the INT4 kernel's mask-free tiles, biased value codes and
-#       conditional rescaling (int4_attn_tune round 4, checks on the three best), then the
-#       attention rows of bench/plugins.py on the file defaults (~5 min).
-#   PART=zl bash bench/gpu_session.sh   the session's kernels in the engine (~6 min): gpu_check
-#       int4 on the final INT4 kernel, gpu_runtime (every speculative mode == off) and
-#       gpu_drafter on the trained default, the short eval.   carry: engines/carry-b.tar.xz
-#   PART=zm bash bench/gpu_session.sh   does a copy+drafter engine slow the graph replays of
-#       engines built after it? bench/graph_order.py with a copy+drafter engine first, then
-#       second (~3 min).                                         carry: engines/carry-b.tar.xz
-#   PART=zn bash bench/gpu_session.sh   the MoE expert GEMM's BLOCK_K 128 against 256 and
-#       num_stages 3 / 4 (bench/moe_pipeline.py, bits vs the default), gpu_check moe (~4 min).
 #   PART=zo bash bench/gpu_session.sh   when is a target graph's replay() slow on the host:
 #       bench/replay_probe.py in three processes (copy alone, copy+drafter alone, copy then
 #       copy+drafter then copy) (~5 min).                      carry: engines/carry-b.tar.xz
 #   PART=zp bash bench/gpu_session.sh   profile_generate's timed split without the profiler
 #       (--profiler off: a profiler run slows the process's later CUDA calls), copy and
-#       copy+drafter each in its own process, twice; then PART zn (~8 min).
+#       copy+drafter each in its own process, twice; then bench/moe_pipeline.py (BLOCK_K 128 /
+#       256, stages 3 / 4) and gpu_check moe (~8 min).
 #                                                               carry: engines/carry-b.tar.xz
 #   PART=zq bash bench/gpu_session.sh   the timed split with parts by step kind (copy,
 #       copy+drafter, own processes), gpu_check moe and plugins.py's MoE rows on BLOCK_K 128,
@@ -150,72 +115,6 @@ case "${PART:-}" in
     step drafter 120 python3 bench/gpu_drafter.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl --only parity graphs round
     ;;
-  w)
-    unpack carry-b
-    P=engines/prompts/spec_bench_question.jsonl
-    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P" --only graphs round
-    step runtime 270 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P"
-    step profile 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
-      --prompts-file "$P" --modes copy copy+drafter --max-tokens 128 --warm-runs 1 \
-      --out "$OUT/profile"
-    shorteval acceptance 100 --json "$OUT/eval_h200.json"
-    pack w
-    ;;
-  ze)
-    unpack carry-b
-    evalmini isolated 300 --categories mt_bench translation --per-category 4 --humaneval 0 \
-      --max-tokens 192 --repeats 2 --temperatures 0 --isolated 4 \
-      --json "$OUT/eval_isolated.json"
-    ;;
-  zf)
-    unpack carry-b
-    step topo 30 bash -c 'nvidia-smi topo -m; lscpu | head -30; nproc;
-      python3 -c "import os; print(sorted(os.sched_getaffinity(0)))"'
-    E=(--categories mt_bench translation --per-category 4 --humaneval 0 --max-tokens 192
-       --repeats 2 --temperatures 0 --isolated 4)
-    evalmini isolated_gpu_local 260 "${E[@]}" --cpu-affinity gpu-local \
-      --json "$OUT/eval_isolated_gpu_local.json"
-    evalmini isolated 260 "${E[@]}" --json "$OUT/eval_isolated.json"
-    ;;
-  zh)
-    step attn_tune 330 python3 bench/int4_attn_tune.py --budget 220 --checks 2
-    step moe_pipeline 150 python3 bench/moe_pipeline.py --out "$OUT"
-    step moe_check 90 python3 bench/gpu_check.py --only moe
-    ;;
-  zi)
-    unpack carry-b
-    step attn_tune 170 python3 bench/int4_attn_tune.py --budget 110 --checks 2
-    step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
-    step graph_order 120 python3 bench/graph_order.py --engine engines/mini-h200 --out "$OUT"
-    step fullsize 200 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 150
-    ;;
-  zj)
-    step attn_tune 130 python3 bench/int4_attn_tune.py --budget 80 --checks 1
-    step attn_check 80 python3 bench/gpu_check.py --only int4,fp8attn
-    step plugins 330 python3 bench/plugins.py --csv "$OUT/plugins.csv"
-    pack zj
-    ;;
-  zk)
-    step attn_tune 200 python3 bench/int4_attn_tune.py --budget 120 --checks 3
-    step plugins_attn 200 python3 bench/plugins.py --only attn --csv "$OUT/plugins_attn.csv"
-    pack zk
-    ;;
-  zl)
-    unpack carry-b
-    step attn_check 60 python3 bench/gpu_check.py --only int4
-    minichecks 270 90 graphs round
-    shorteval acceptance 120 --json "$OUT/eval_h200.json"
-    pack zl
-    ;;
-  zm)
-    unpack carry-b
-    step order_cd_first 120 python3 bench/graph_order.py --engine engines/mini-h200 \
-      --modes copy+drafter copy copy --out "$OUT/cd_first"
-    step order_cd_second 120 python3 bench/graph_order.py --engine engines/mini-h200 \
-      --modes copy copy+drafter copy --out "$OUT/cd_second"
-    ;;
   zo)
     unpack carry-b
     for m in "copy" "copy+drafter" "copy copy+drafter copy"; do
@@ -303,14 +202,6 @@ case "${PART:-}" in
     evalmini acceptance 280 --per-category 4 --humaneval 4 --max-tokens 192 --repeats 3 \
       --json "$OUT/eval_h200.json"
     pack zu
-    ;;
-  zn)
-    step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"
-    step moe_check 90 python3 bench/gpu_check.py --only moe
-    ;;
-  zg)
-    unpack carry-b
-    step graph_order 150 python3 bench/graph_order.py --engine engines/mini-h200 --out "$OUT"
     ;;
   b)
     unpack carry-b

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Why every engine built after the first in one process replays its CUDA graphs slower (H200:
-about 0.010 against 0.05-0.12 ms per target replay, bench/results/h200-2026-11-30f/za/, zc/).
+"""Host time of each engine's CUDA graph replays when several engines are built one after
+another in one process (H200; the question came from replays of 50-120 µs in later engines,
+bench/results/h200-2026-11-30f/za/).
 
     python3 bench/graph_order.py --engine engines/mini-h200 [--engines 3] [--iters 200]
         [--modes MODE ...] [--out DIR]
@@ -10,16 +11,14 @@ speculative modes --modes names in build order (default: all copy; the last mode
 times, per engine, the host time of its one-stream graph with the fewest tokens, `replay()`
 (µs, median over --iters, the GPU synchronised before each call) in three ways:
 - current: on the current stream, as the engine replays;
-- own stream: on a CUDA stream of the engine's own (CUDA's graph uploads use memory cached per
-  stream: is that what the later engines lack?);
+- own stream: on a CUDA stream of the engine's own;
 - step: as a decode step does it: replay, the argmax of the logits, `.tolist()`.
-Then the first engine is deleted and the others timed again (does a freed engine give its
-place back?). Writes DIR/graph_order.json. Needs a CUDA device.
+Then the first engine is deleted and the others timed again. Writes DIR/graph_order.json.
+Needs a CUDA device.
 
-2026-11-30g (zi): three copy engines all replay in about 5 µs, so building engines one after
-another is not enough for the slow replays. `--modes copy+drafter copy copy` asks whether a
-copy+drafter engine built first (its drafter has graphs and a CUDA stream of its own) slows the
-engines built after it.
+2026-11-30g (zi): three copy engines all replay in about 5 µs. 2026-11-30h (zo,
+bench/replay_probe.py): in real decode steps too, every engine replays in 8-14 µs; the slow
+replays came from bench/profile_generate.py timing later modes after a torch.profiler run.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ then for each engine:
   with the drafter only).
 Then the first engine's steps again (does it stay fast once the others exist?).
 Writes DIR/replay_probe.json. Needs a CUDA device.
+
+2026-11-30h (bench/results/h200-2026-11-30h/zo/): 8-14 µs per target replay in the steps of
+every engine, first or later, copy or copy+drafter; the slow replays had come from
+bench/profile_generate.py timing later modes after a torch.profiler run.
 """
 
 from __future__ import annotations
