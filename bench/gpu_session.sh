@@ -2,7 +2,7 @@
 # One H200 device call per part: check and time what changed in the kernel path since the last
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
-# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zn) were removed once
+# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zn, zr) were removed once
 # their results were written up: each results README (bench/results/*/README.md) names the commit
 # whose bench/gpu_session.sh holds the part it ran.
 #
@@ -26,13 +26,11 @@
 #       copy+drafter, own processes), gpu_check moe and plugins.py's MoE rows on BLOCK_K 128,
 #       the in-process chat + German eval (6 prompts each, greedy, medians of 2) (~9 min).
 #                                                               carry: engines/carry-b.tar.xz
-#   PART=zr bash bench/gpu_session.sh   chained drafter rounds (spec/drafter_chain.py):
-#       gpu_runtime (every mode == off, chained and unchained), the timed split of
-#       copy+drafter chained and unchained (own processes), the in-process chat + German eval
-#       (~9 min).                                                carry: engines/carry-b.tar.xz
-#   PART=zs bash bench/gpu_session.sh   PART zr again with the chain graphs captured at
-#       start-up and the input ids read in place; the eval with 8 prompts each, medians of 3
-#       (~8 min).                                                carry: engines/carry-b.tar.xz
+#   PART=zs bash bench/gpu_session.sh   chained drafter rounds (spec/drafter_chain.py, graphs
+#       captured at start-up): gpu_runtime (every mode == off, chained and unchained), the
+#       timed split of copy+drafter chained and unchained (own processes), the in-process chat
+#       + German eval with 8 prompts each, medians of 3 (~8 min). (PART zr, the same at
+#       a8f00d8 with 6 prompts, left out.)                      carry: engines/carry-b.tar.xz
 #   PART=zt bash bench/gpu_session.sh   chained rounds in PART ze's eval (chat and German,
 #       greedy, one engine per process, 4 processes per mode), then the in-process eval at
 #       T = 0.8 (~8 min).                                        carry: engines/carry-b.tar.xz
@@ -150,20 +148,6 @@ case "${PART:-}" in
     evalmini inproc 220 --categories mt_bench translation --per-category 6 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_inproc.json"
     pack zq
-    ;;
-  zr)
-    unpack carry-b
-    P=engines/prompts/spec_bench_question.jsonl
-    step runtime 250 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P"
-    for c in on off; do
-      step "split_chain_$c" 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
-        --prompts-file "$P" --modes copy+drafter --max-tokens 192 --warm-runs 1 \
-        --profiler off --drafter-chain "$c" --out "$OUT/split_chain_$c"
-    done
-    evalmini inproc 100 --categories mt_bench translation --per-category 6 --humaneval 0 \
-      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_inproc.json"
-    pack zr
     ;;
   zs)
     unpack carry-b
