@@ -375,8 +375,7 @@ class DrafterRunner:
     def capture_all(self) -> int:
         """Capture every commit and round bucket now and replay each once (its upload; all-
         padding steps: only the trash slot is written; rounds without logits, as serving runs
-        them). Returns the number of graphs
-        captured. ValueError without use_graphs."""
+        them). Returns the number of graphs captured. ValueError without use_graphs."""
         if not self.use_graphs:
             raise ValueError("use_graphs: capture_all needs CUDA graphs on")
         self.uploaded.synchronize()
@@ -384,21 +383,18 @@ class DrafterRunner:
         self._stage_commit(none, self.max_commit)
         self._stage_round(none, self.max_s)
         self.idx.copy_(self.stage)
-        count = 0
-        for n_b in self.commit_buckets():
-            if ("commit", n_b) not in self.graphs:
-                self.graphs[("commit", n_b)] = self._capture(lambda n=n_b: self._commit_step(n))
-                self.graphs[("commit", n_b)][0].replay()   # uploaded now (first launch)
-                count += 1
+        todo = {("commit", n_b): (lambda n=n_b: self._commit_step(n))
+                for n_b in self.commit_buckets()}
         merged = [n for n in self.commit_buckets() if n <= MERGE_COMMIT]
         for s_b, length in self.round_buckets():
-            todo = {("round", s_b, length, False): lambda s=s_b, n=length: self._round_step(s, n)}
+            todo[("round", s_b, length, False)] = lambda s=s_b, n=length: self._round_step(s, n)
             for n_b in merged:
                 todo[("step", n_b, s_b, length, False)] = \
                     lambda c=n_b, s=s_b, n=length: self._both_steps(c, s, n)
-            for key, fn in todo.items():
-                if key not in self.graphs:
-                    self.graphs[key] = self._capture(fn)
-                    self.graphs[key][0].replay()
-                    count += 1
+        count = 0
+        for key, fn in todo.items():
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(fn)
+                self.graphs[key][0].replay()      # uploaded now, not at its first launch
+                count += 1
         return count
