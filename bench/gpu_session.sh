@@ -2,7 +2,7 @@
 # One H200 device call per part: check and time what changed in the kernel path since the last
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
-# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zn, zr) were removed once
+# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv) were removed once
 # their results were written up: each results README (bench/results/*/README.md) names the commit
 # whose bench/gpu_session.sh holds the part it ran.
 #
@@ -14,29 +14,14 @@
 #       trained default's acceptance and tokens/s per speculative mode (again with the opt-in
 #       ring-attention kernel and fused sampler), a host/device profile.
 #                                                               carry: engines/carry-b.tar.xz
-#   PART=zo bash bench/gpu_session.sh   when is a target graph's replay() slow on the host:
-#       bench/replay_probe.py in three processes (copy alone, copy+drafter alone, copy then
-#       copy+drafter then copy) (~5 min).                      carry: engines/carry-b.tar.xz
-#   PART=zp bash bench/gpu_session.sh   profile_generate's timed split without the profiler
-#       (--profiler off: a profiler run slows the process's later CUDA calls), copy and
-#       copy+drafter each in its own process, twice; then bench/moe_pipeline.py (BLOCK_K 128 /
-#       256, stages 3 / 4) and gpu_check moe (~8 min).
-#                                                               carry: engines/carry-b.tar.xz
-#   PART=zq bash bench/gpu_session.sh   the timed split with parts by step kind (copy,
-#       copy+drafter, own processes), gpu_check moe and plugins.py's MoE rows on BLOCK_K 128,
-#       the in-process chat + German eval (6 prompts each, greedy, medians of 2) (~9 min).
-#                                                               carry: engines/carry-b.tar.xz
-#   PART=zs bash bench/gpu_session.sh   chained drafter rounds (spec/drafter_chain.py, graphs
-#       captured at start-up): gpu_runtime (every mode == off, chained and unchained), the
-#       timed split of copy+drafter chained and unchained (own processes), the in-process chat
-#       + German eval with 8 prompts each, medians of 3 (~8 min). (PART zr, the same at
-#       a8f00d8 with 6 prompts, left out.)                      carry: engines/carry-b.tar.xz
-#   PART=zt bash bench/gpu_session.sh   chained rounds in PART ze's eval (chat and German,
-#       greedy, one engine per process, 4 processes per mode), then the in-process eval at
-#       T = 0.8 (~8 min).                                        carry: engines/carry-b.tar.xz
-#   PART=zv bash bench/gpu_session.sh   every graph replayed once at start-up (its upload):
-#       gpu_runtime on 2 prompts, 24 tokens (capture_all leaves the cache untouched, every
-#       mode == off), then PART zt's isolated eval (~7 min).   carry: engines/carry-b.tar.xz
+#   PART=sd bash bench/gpu_session.sh   self-distillation of the block drafter (~9 min): the
+#       target's greedy continuations of corpus prompts (tools/gen_self_distill.py, copy mode,
+#       64 streams, ~170 s), then the shipped drafter fine-tuned on 3/4 of them and 1/4 corpus
+#       (tools/train_drafter.py --init-from --generated); $OUT gets the drafter export, the
+#       training log and the generated stream (xz).
+#       carry: engines/carry-sd.tar.xz corpus/sub, made here:
+#   tar -C engines -cf - mini-h200/target mini-h200/manifest.json | xz -9 > engines/carry-sd.tar.xz
+#   python tools/corpus_subset.py --fraction 0.2 --out corpus/sub   (the tree + carry < 64 MiB)
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -113,73 +98,20 @@ case "${PART:-}" in
     step drafter 120 python3 bench/gpu_drafter.py --engines engines/gpu-small --out "$OUT" \
       --prompts-file engines/gpu-small/spec_bench_question.jsonl --only parity graphs round
     ;;
-  zo)
-    unpack carry-b
-    for m in "copy" "copy+drafter" "copy copy+drafter copy"; do
-      n=${m// /_}
-      # shellcheck disable=SC2086  # $m: one or more modes
-      step "probe_${n//+/_}" 160 python3 bench/replay_probe.py --engine engines/mini-h200 \
-        --modes $m --out "$OUT/${n//+/_}"
-    done
-    ;;
-  zp)
-    unpack carry-b
-    for i in 1 2; do
-      for m in copy copy+drafter; do
-        n=split_${m//+/_}_$i
-        step "$n" 75 python3 bench/profile_generate.py --engine engines/mini-h200 \
-          --prompts-file engines/prompts/spec_bench_question.jsonl --modes "$m" \
-          --max-tokens 192 --warm-runs 1 --profiler off --out "$OUT/$n"
-      done
-    done
-    step moe_pipeline 200 python3 bench/moe_pipeline.py --out "$OUT"
-    step moe_check 90 python3 bench/gpu_check.py --only moe
-    ;;
-  zq)
-    unpack carry-b
-    for m in copy copy+drafter; do
-      n=split_${m//+/_}
-      step "$n" 75 python3 bench/profile_generate.py --engine engines/mini-h200 \
-        --prompts-file engines/prompts/spec_bench_question.jsonl --modes "$m" \
-        --max-tokens 192 --warm-runs 1 --profiler off --out "$OUT/$n"
-    done
-    step moe_check 90 python3 bench/gpu_check.py --only moe
-    step plugins_moe 90 python3 bench/plugins.py --only moe
-    evalmini inproc 220 --categories mt_bench translation --per-category 6 --humaneval 0 \
-      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_inproc.json"
-    pack zq
-    ;;
-  zs)
-    unpack carry-b
-    P=engines/prompts/spec_bench_question.jsonl
-    step runtime 230 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file "$P"
-    for c in on off; do
-      step "split_chain_$c" 60 python3 bench/profile_generate.py --engine engines/mini-h200 \
-        --prompts-file "$P" --modes copy+drafter --max-tokens 192 --warm-runs 1 \
-        --profiler off --drafter-chain "$c" --out "$OUT/split_chain_$c"
-    done
-    evalmini inproc 150 --categories mt_bench translation --per-category 8 --humaneval 0 \
-      --max-tokens 192 --repeats 3 --temperatures 0 --json "$OUT/eval_inproc.json"
-    pack zs
-    ;;
-  zt)
-    unpack carry-b
-    E=(--categories mt_bench translation --per-category 4 --humaneval 0 --max-tokens 192
-       --repeats 2)
-    evalmini isolated 270 "${E[@]}" --temperatures 0 --isolated 4 \
-      --json "$OUT/eval_isolated.json"
-    evalmini sampled 150 "${E[@]}" --temperatures 0.8 --json "$OUT/eval_sampled.json"
-    pack zt
-    ;;
-  zv)
-    unpack carry-b
-    step runtime 190 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file engines/prompts/spec_bench_question.jsonl --limit 2 --max-tokens 24
-    evalmini isolated 190 --categories mt_bench translation --per-category 4 --humaneval 0 \
-      --max-tokens 192 --repeats 2 --temperatures 0 --isolated 4 \
-      --json "$OUT/eval_isolated.json"
-    pack zv
+  sd)
+    unpack carry-sd
+    mkdir -p runs/gen
+    step gen 230 python3 tools/gen_self_distill.py --engine engines/mini-h200 --device cuda \
+      --corpus corpus/sub/train.jsonl.xz --out runs/gen/train.npy --samples 16384 \
+      --max-tokens 384 --time-budget-s 170
+    cp runs/gen/train.json "$OUT/gen_meta.json" 2>/dev/null
+    step drafter_ft 330 python3 tools/train_drafter.py --corpus corpus/sub \
+      --target checkpoints/kolibri-mini/target --run-dir runs/drafter --out runs/drafter/export \
+      --init-from checkpoints/kolibri-mini/drafter --generated runs/gen/train.npy \
+      --generated-fraction 0.75 --copy-miss-weight 1 --lr 3e-4 --steps 2500 --warmup 50 \
+      --eval-every 500 --time-budget-s 290 --export-every-call --compile
+    tar -C runs -cf "$OUT/drafter_sd.tar" drafter/export drafter/log.jsonl
+    xz -T8 -3 -c runs/gen/train.npy > "$OUT/gen_train.npy.xz"
     ;;
   zu)
     unpack carry-b

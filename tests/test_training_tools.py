@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -284,14 +285,18 @@ def test_drafter_trains_two_steps_and_its_checkpoint_loads(tiny_corpus, trained_
     assert drafter.config.target_layer_ids == (0, 2, 4)
     assert len(drafter.draft_vocab) == 64 and 2 in drafter.draft_vocab.tolist()
     # fine-tuning from that export, the anchors where copy drafting misses weighted 3x
-    tuned = tmp_path / "tuned"
+    # (and half of each batch from a self-distillation stream, `--generated`)
+    tuned, gen = tmp_path / "tuned", tmp_path / "gen.npy"
+    np.save(gen, (np.arange(600) * 7 % TINY_VOCAB).astype(np.uint16))
     args = train_drafter.build_parser().parse_args([
         "--corpus", str(tiny_corpus), "--target", str(trained_target / "export"),
         "--run-dir", str(tuned), "--cache-dir", str(tiny_corpus / "cache"),
         "--init-from", str(tmp_path / "drafter" / "export"), "--copy-miss-weight", "2",
+        "--generated", str(gen), "--generated-fraction", "0.5",
         "--seq-len", "12", "--batch-size", "2", "--steps", "1", "--warmup", "1",
         "--log-every", "1", "--eval-batches", "1", "--device", "cpu"])
-    assert train_drafter.train(args)["step"] == 1
+    meta = train_drafter.train(args)
+    assert meta["step"] == 1 and len(meta["valid_gen_agree"]["all"]) == 4
     again = KolibriBlockDrafter.from_pretrained(tuned / "export", target=target)
     assert again.draft_vocab.tolist() == drafter.draft_vocab.tolist()
     extra = again.config.extra

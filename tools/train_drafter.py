@@ -30,6 +30,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -49,6 +50,8 @@ from kolibri_trt.model.reference import KolibriForCausalLM  # noqa: E402
 INIT_STD = 0.02
 VOCAB_SEED = 20_000      # batch seed of the draft-vocabulary count (apart from training's)
 EVAL_SEED = 30_000
+GEN_SEED_OFFSET = 1    # --generated windows: batch seed = --seed + this (apart from the corpus's)
+GENERATED_HOLDOUT = 0.05   # tail share of --generated kept out of training, for validation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-dir", type=Path)
     a("--init-from", type=Path, help="start from this drafter checkpoint (its config and draft "
       "vocabulary; the seed fine-tuned so with --lr 2e-4, i.e. 2e-4 -> 2e-5)")
+    a("--generated", type=Path, help="token stream of the target's own continuations "
+      "(`tools/gen_self_distill.py`); its last GENERATED_HOLDOUT is kept for validation")
+    a("--generated-fraction", type=float, default=0.5,
+      help="share of each batch's windows taken from --generated (the rest: the corpus)")
     a("--copy-miss-weight", type=float, default=0.0,
       help="extra loss weight of the anchors where copy drafting misses (`copy_miss_mask`): "
            "weight 1 + this, 1 elsewhere (0: the seed's recipe)")
@@ -244,6 +251,30 @@ def evaluate(drafter, target, tokens, args, device) -> dict[str, list[float]]:
             for k, r in zip(("all", "copy_miss"), rows)}
 
 
+def load_generated(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(training part, held-out tail of GENERATED_HOLDOUT) of a `gen_self_distill.py` token
+    stream. FileNotFoundError / ValueError name the file when it is missing or too short."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--generated: {path} does not exist (tools/gen_self_distill.py)")
+    arr = np.load(path, allow_pickle=False)
+    cut = int(len(arr) * (1 - GENERATED_HOLDOUT))
+    return arr[:cut], arr[cut:]
+
+
+def train_batch(train_tok: np.ndarray, gen: np.ndarray | None, step: int, args) -> torch.Tensor:
+    """int64 [batch_size, seq_len + 1] windows of step `step`: round(--generated-fraction x
+    batch_size) rows from the generated stream (when given), the rest from the corpus; a pure
+    function of (seed, step) as `batch_at`."""
+    n = args.seq_len + 1
+    g = round(args.generated_fraction * args.batch_size) if gen is not None else 0
+    parts = []
+    if g < args.batch_size:
+        parts.append(batch_at(train_tok, step, args.batch_size - g, n, args.seed))
+    if g:
+        parts.append(batch_at(gen, step, g, n, args.seed + GEN_SEED_OFFSET))
+    return torch.cat(parts)
+
+
 def export(drafter: KolibriBlockDrafter, out: Path, meta: dict, args=None) -> None:
     """bf16 drafter checkpoint (config.json, model.safetensors, draft_vocab.json) into `out`;
     config extra: training steps and tokens (a fine-tuned one's: its start's plus this run's,
@@ -309,14 +340,22 @@ def train(args) -> dict:
     log = Logger(args.run_dir)
     log.log(event="start", step=meta["step"], params=sum(p.numel() for p in drafter.parameters()),
             draft_vocab=drafter.config.draft_vocab_size, device=str(device))
+    gen_train, gen_valid = load_generated(args.generated) if args.generated else (None, None)
+
+    def valid() -> dict:
+        out = {"valid_agree": evaluate(drafter, target, valid_tok, args, device)}
+        if gen_valid is not None:
+            out["valid_gen_agree"] = evaluate(drafter, target, gen_valid, args, device)
+        return out
+
     loss_fn = torch.compile(drafter_loss) if args.compile else drafter_loss
     if args.init_from is not None and meta["step"] == 0:     # the starting point's agreement
-        log.log(step=0, valid_agree=evaluate(drafter, target, valid_tok, args, device))
+        log.log(step=0, **valid())
 
     def one_step(step: int, lr: float):
         for g in opt.param_groups:
             g["lr"] = lr
-        ids = batch_at(train_tok, step, args.batch_size, args.seq_len + 1, args.seed).to(device)
+        ids = train_batch(train_tok, gen_train, step, args).to(device)
         loss, agree, agree_miss = step_loss(drafter, target, ids, args, device, loss_fn)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
@@ -326,15 +365,16 @@ def train(args) -> dict:
             ids[:, :-1].numel()
 
     budget = run_steps(args, meta, one_step,
-                       lambda: {"valid_agree": evaluate(drafter, target, valid_tok, args, device)},
+                       valid,
                        lambda: save_state(args.run_dir, drafter, opt, meta), log)
     save_state(args.run_dir, drafter, opt, meta)
     finished = meta["step"] >= args.steps
     if finished or args.export_every_call:
-        meta["valid_agree"] = evaluate(drafter, target, valid_tok, args, device)
+        meta.update(valid())
         export(drafter, args.out or args.run_dir / "export", meta, args)
     log.log(event="stop", step=meta["step"], finished=finished,
-            valid_agree=meta.get("valid_agree"), elapsed_s=budget.elapsed())
+            valid_agree=meta.get("valid_agree"), valid_gen_agree=meta.get("valid_gen_agree"),
+            elapsed_s=budget.elapsed())
     return meta
 
 
