@@ -151,7 +151,7 @@ def timed_split(llm, ids, params) -> dict:
     orig_step = eng.step
     eng.step = step_wrapper(orig_step)
     try:
-        llm.generate(ids, params)
+        res = llm.generate(ids, params)
     finally:
         eng.step = orig_step
         for u in reversed(undo):
@@ -169,6 +169,11 @@ def timed_split(llm, ids, params) -> dict:
     out["replay_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
                                    "mean_ms": statistics.fmean(v) * 1e3}
                                for t, v in sorted(replay_by_tokens.items())}
+    # what tools/eval_acceptance.py times: first token to last, summed over the requests
+    out["decode_wall_ms"] = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s
+                                for r in res) * 1e3
+    out["decode_steps_ms"] = acc["step"] * 1e3
+    out["decode_tokens"] = sum(r.metrics.num_generated_tokens - 1 for r in res)
     out.update(decode_steps=int(acc["decode_steps"]),
                step_median_ms=statistics.median(samples) * 1e3 if samples else 0.0,
                step_max_ms=max(samples, default=0.0) * 1e3,
@@ -283,6 +288,9 @@ def report_split(r: dict) -> None:
     print(f"== {r['mode']}, unprofiled, per decode step ({u['decode_steps']} steps): "
           f"{u['step_ms']:.3f} ms (median {u['step_median_ms']:.3f}, max {u['step_max_ms']:.3f}); "
           f"{parts}; drafter rounds {u['drafter_rounds_per_step']:.2f} per step")
+    print(f"   first token to last (the evals' decode time): {u['decode_wall_ms']:.1f} ms for "
+          f"{u['decode_tokens']} tokens ({u['decode_tokens'] / u['decode_wall_ms'] * 1e3:,.0f} "
+          f"tokens/s), of it in decode steps {u['decode_steps_ms']:.1f} ms")
     for name, key in (("step", "step_by_tokens"), ("forward", "forward_by_tokens"),
                       ("its graph replays", "replay_by_tokens")):
         print(f"   {name} by step tokens (median ms, steps): " + ", ".join(
