@@ -22,6 +22,13 @@
 #       carry: engines/carry-sd.tar.xz corpus/sub, made here:
 #   tar -C engines -cf - mini-h200/target mini-h200/manifest.json | xz -9 > engines/carry-sd.tar.xz
 #   python tools/corpus_subset.py --fraction 0.2 --out corpus/sub   (the tree + carry < 64 MiB)
+#   PART=se bash bench/gpu_session.sh   the self-distilled drafter (PART sd) in engines/mini-h200-sd:
+#       the timed split with the evals' decode time (copy, copy+drafter, own processes, chat +
+#       German, 4 prompts each), the in-process chat + German eval (8 prompts each, greedy,
+#       medians of 3) (~7 min).                                 carry: engines/carry-se.tar.xz
+#   python build.py --target h200 --model checkpoints/kolibri-mini/target \
+#       --drafter runs/sd/drafter/export --out engines/mini-h200-sd
+#   tar -C engines -cf - mini-h200-sd prompts | xz -9 > engines/carry-se.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -112,6 +119,19 @@ case "${PART:-}" in
       --eval-every 500 --time-budget-s 290 --export-every-call --compile
     tar -C runs -cf "$OUT/drafter_sd.tar" drafter/export drafter/log.jsonl
     xz -T8 -3 -c runs/gen/train.npy > "$OUT/gen_train.npy.xz"
+    ;;
+  se)
+    unpack carry-se
+    P=engines/prompts/spec_bench_question.jsonl
+    for m in copy copy+drafter; do
+      step "split_${m//+/_}" 80 python3 bench/profile_generate.py --engine engines/mini-h200-sd \
+        --prompts-file "$P" --modes "$m" --per-category 4 --max-tokens 192 --warm-runs 1 \
+        --profiler off --out "$OUT/split_${m//+/_}"
+    done
+    ENGINE=engines/mini-h200-sd evalmini inproc 200 --categories mt_bench translation \
+      --per-category 8 --humaneval 0 --max-tokens 192 --repeats 3 --temperatures 0 \
+      --json "$OUT/eval_inproc.json"
+    pack se
     ;;
   zu)
     unpack carry-b
