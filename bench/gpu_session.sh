@@ -29,6 +29,9 @@
 #   python build.py --target h200 --model checkpoints/kolibri-mini/target \
 #       --drafter runs/sd/drafter/export --out engines/mini-h200-sd
 #   tar -C engines -cf - mini-h200-sd prompts | xz -9 > engines/carry-se.tar.xz
+#   PART=hp bash bench/gpu_session.sh   host time function by function (bench/host_profile.py,
+#       cProfile) of copy and copy+drafter on engines/mini-h200-sd, own processes, German and
+#       chat, 4 prompts each, 192 tokens (~2 min).                carry: engines/carry-se.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -132,6 +135,17 @@ case "${PART:-}" in
       --per-category 8 --humaneval 0 --max-tokens 192 --repeats 3 --temperatures 0 \
       --json "$OUT/eval_inproc.json"
     pack se
+    ;;
+  hp)
+    unpack carry-se
+    for m in copy copy+drafter; do
+      for c in translation mt_bench; do
+        step "hp_${m//+/_}_$c" 90 python3 bench/host_profile.py --engine engines/mini-h200-sd \
+          --prompts-file engines/prompts/spec_bench_question.jsonl --mode "$m" \
+          --categories "$c" --out "$OUT/$c"
+      done
+    done
+    pack hp
     ;;
   zu)
     unpack carry-b
