@@ -301,7 +301,7 @@ def test_drafter_trains_two_steps_and_its_checkpoint_loads(tiny_corpus, trained_
     assert again.draft_vocab.tolist() == drafter.draft_vocab.tolist()
     extra = again.config.extra
     assert (extra["training_steps"], extra["fine_tuning_steps"]) == (3, 1)
-    assert extra["copy_miss_weight"] == 2.0
+    assert extra["copy_miss_weight"] == 2.0 and extra["generated_fraction"] == 0.5
     changed = any(not torch.equal(a, b) for a, b in zip(drafter.state_dict().values(),
                                                          again.state_dict().values()))
     assert changed

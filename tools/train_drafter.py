@@ -286,6 +286,8 @@ def export(drafter: KolibriBlockDrafter, out: Path, meta: dict, args=None) -> No
         steps += int(extra.get("training_steps", 0))
         tokens += int(extra.get("training_tokens", 0))
         extra.update(fine_tuning_steps=meta["step"], copy_miss_weight=args.copy_miss_weight)
+    if args is not None and args.generated is not None:
+        extra.update(generated_fraction=args.generated_fraction)
     cfg = dataclasses.replace(drafter.config, extra={
         **extra, "training_steps": steps, "training_tokens": tokens})
     ref = KolibriBlockDrafter(cfg, drafter.target, drafter.draft_vocab.cpu())
