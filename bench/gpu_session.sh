@@ -18,7 +18,9 @@
 #       target's greedy continuations of corpus prompts (tools/gen_self_distill.py, copy mode,
 #       64 streams, ~170 s), then the shipped drafter fine-tuned on 3/4 of them and 1/4 corpus
 #       (tools/train_drafter.py --init-from --generated); $OUT gets the drafter export, the
-#       training log and the generated stream (xz).
+#       training log and the generated stream (xz). GEN_SEED (prompts, default 0) and
+#       MISS_WEIGHT (--copy-miss-weight, default 1) vary a second round; --init-from is the
+#       shipped drafter, whatever it is at the call's commit.
 #       carry: engines/carry-sd.tar.xz corpus/sub, made here:
 #   tar -C engines -cf - mini-h200/target mini-h200/manifest.json | xz -9 > engines/carry-sd.tar.xz
 #   python tools/corpus_subset.py --fraction 0.2 --out corpus/sub   (the tree + carry < 64 MiB)
@@ -113,12 +115,12 @@ case "${PART:-}" in
     mkdir -p runs/gen
     step gen 230 python3 tools/gen_self_distill.py --engine engines/mini-h200 --device cuda \
       --corpus corpus/sub/train.jsonl.xz --out runs/gen/train.npy --samples 16384 \
-      --max-tokens 384 --time-budget-s 170
+      --max-tokens 384 --time-budget-s 170 --seed "${GEN_SEED:-0}"
     cp runs/gen/train.json "$OUT/gen_meta.json" 2>/dev/null
     step drafter_ft 330 python3 tools/train_drafter.py --corpus corpus/sub \
       --target checkpoints/kolibri-mini/target --run-dir runs/drafter --out runs/drafter/export \
       --init-from checkpoints/kolibri-mini/drafter --generated runs/gen/train.npy \
-      --generated-fraction 0.75 --copy-miss-weight 1 --lr 3e-4 --steps 2500 --warmup 50 \
+      --generated-fraction 0.75 --copy-miss-weight "${MISS_WEIGHT:-1}" --lr 3e-4 --steps 2500 --warmup 50 \
       --eval-every 500 --time-budget-s 290 --export-every-call --compile
     tar -C runs -cf "$OUT/drafter_sd.tar" drafter/export drafter/log.jsonl
     xz -T8 -3 -c runs/gen/train.npy > "$OUT/gen_train.npy.xz"
