@@ -34,6 +34,10 @@
 #   PART=hp bash bench/gpu_session.sh   host time function by function (bench/host_profile.py,
 #       cProfile) of copy and copy+drafter on engines/mini-h200-sd, own processes, German and
 #       chat, 4 prompts each, 192 tokens (~2 min).                carry: engines/carry-se.tar.xz
+#   PART=fe bash bench/gpu_session.sh   the shipped drafter's final figures: the in-process chat +
+#       German eval (8 prompts each, greedy, medians of 3; then T = 0.8, 4 prompts, medians of
+#       2), PART zu's README table, then one engine per process (--isolated 4, 4 prompts
+#       each, greedy) (~9 min).                                  carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -148,6 +152,19 @@ case "${PART:-}" in
       done
     done
     pack hp
+    ;;
+  fe)
+    unpack carry-b
+    E=(--categories mt_bench translation --humaneval 0 --max-tokens 192)
+    evalmini greedy 150 "${E[@]}" --per-category 8 --repeats 3 --temperatures 0 \
+      --json "$OUT/eval_greedy.json"
+    evalmini sampled 120 "${E[@]}" --per-category 4 --repeats 2 --temperatures 0.8 \
+      --json "$OUT/eval_sampled.json"
+    evalmini acceptance 280 --per-category 4 --humaneval 4 --max-tokens 192 --repeats 3 \
+      --json "$OUT/eval_h200.json"
+    evalmini isolated 200 "${E[@]}" --per-category 4 --repeats 1 --temperatures 0 \
+      --isolated 4 --json "$OUT/eval_isolated.json"
+    pack fe
     ;;
   zu)
     unpack carry-b
