@@ -38,6 +38,9 @@
 #       German eval (8 prompts each, greedy, medians of 3; then T = 0.8, 4 prompts, medians of
 #       2), PART zu's README table, then one engine per process (--isolated 4, 4 prompts
 #       each, greedy) (~9 min).                                  carry: engines/carry-b.tar.xz
+#   PART=sp bash bench/gpu_session.sh   PART se's timed split on the shipped engine, with the
+#       rest of the step timed too (commit, the engine's observe, taps rows, chain items)
+#       (~2 min).                                                carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -165,6 +168,16 @@ case "${PART:-}" in
     evalmini isolated 200 "${E[@]}" --per-category 4 --repeats 1 --temperatures 0 \
       --isolated 4 --json "$OUT/eval_isolated.json"
     pack fe
+    ;;
+  sp)
+    unpack carry-b
+    for m in copy copy+drafter; do
+      step "split_${m//+/_}" 80 python3 bench/profile_generate.py --engine engines/mini-h200 \
+        --prompts-file engines/prompts/spec_bench_question.jsonl --modes "$m" \
+        --per-category 4 --max-tokens 192 --warm-runs 1 --profiler off \
+        --out "$OUT/split_${m//+/_}"
+    done
+    pack sp
     ;;
   zu)
     unpack carry-b

@@ -68,7 +68,14 @@ PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
          ("chain", "drafter", "chain"),
          ("d_inputs", "drafter", "_collect"), ("d_step", "drafter_runner", "step"),
          # the drafter's graph replays alone (replay counts the target's too)
-         ("d_replay", "drafter_runner", "_replay"))
+         ("d_replay", "drafter_runner", "_replay"),
+         # the rest of `LLMEngine.step`: its commit of the verified tokens (outputs, stop
+         # checks, detokenization), the engine's observe (the proposers' bookkeeping), the
+         # taps rows, the chained streams, the deferred drafts' hand-over, the gate's timing
+         ("commit", "engine", "_commit"), ("record", "engine", "_record"),
+         ("e_observe", "engine", "_observe"), ("taps_dst", "engine", "_taps_dst"),
+         ("chain_items", "engine_module", "chain_items"),
+         ("take_deferred", "speculator", "take_deferred"), ("time_step", "engine", "_time_step"))
 
 
 def timed_split(llm, ids, params) -> dict:
