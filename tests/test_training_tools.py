@@ -365,7 +365,8 @@ def test_isolated_children_get_the_parents_options():
 
 def test_isolated_speeds_are_medians_over_processes_in_rotated_order(monkeypatch):
     """`eval_isolated.run`: K rounds of one child per mode, the modes' order rotated per round;
-    a mode's speed is the median of its children's; a failing child raises naming its mode."""
+    a mode's speed is the median of its children's, and per round relative to the first
+    mode's child; a failing child raises naming its mode."""
     import eval_acceptance
     import eval_isolated
     args = eval_acceptance.parser().parse_args(["--engine", "e", "--temperatures", "0"])
@@ -380,7 +381,10 @@ def test_isolated_speeds_are_medians_over_processes_in_rotated_order(monkeypatch
     got = eval_isolated.run(args, ["copy", "copy+drafter"], 3)
     assert calls == ["copy", "copy+drafter", "copy+drafter", "copy", "copy", "copy+drafter"]
     assert got["copy"]["0.0"]["mt_bench"] == {"runs": [3.0, 1.0, 2.0], "median": 2.0}
-    assert got["copy+drafter"]["0.0"]["mt_bench"]["median"] == 5.0
+    cd = got["copy+drafter"]["0.0"]["mt_bench"]
+    assert cd["median"] == 5.0      # and per round against copy's process of that round
+    assert cd["vs_first_per_round"] == [5 / 3, 4.0, 3.0] and cd["vs_first_median"] == 3.0
+    eval_isolated.report(got)
     monkeypatch.setattr(eval_isolated.subprocess, "run",
                         lambda cmd, **kw: SimpleNamespace(returncode=1, stderr="boom"))
     with pytest.raises(RuntimeError, match="'copy' process failed"):

@@ -25,9 +25,9 @@ categories and HumanEval (`shared/data/prompts`), one stream at a time.
    previous draft as served) is compared with the tokens the target produced: accepted
    tokens per round of 3 and of 4 drafts (the leading matches, capped) and position 1-4
    agreement (each row's draft equals the target's token, whatever the rows before did).
-3. With --isolated K: the decode speeds again with one engine per process, K rounds
-   (`eval_isolated.py`: in one process every engine after the first replays its CUDA graphs
-   slower).
+3. With --isolated K: the decode speeds again with one engine per process (a server's case),
+   K rounds, each later mode also relative to the first mode's process of the same round
+   (`eval_isolated.py`: the machine's host speed differs from process to process).
 """
 
 from __future__ import annotations

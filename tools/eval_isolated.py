@@ -1,15 +1,14 @@
 """Speeds with one engine per process, for `eval_acceptance.py --isolated K`.
 
 `eval_acceptance.run_modes` keeps every mode's engine in one process and lets the modes take
-turns prompt by prompt (the H200 host's speed drifts within a call). In one process, though,
-the CUDA graph replays of every engine after the first cost more host time: on the H200 the
-target's replay took 0.010-0.013 ms per step in the first engine a process built and
-0.05-0.12 ms in the later ones, whatever their graphs held
-(bench/results/h200-2026-11-30f/za/). A server runs one engine, so here every mode runs in
-processes of its own (this script with --one-mode), the modes taking turns process by process
-in rotated order, K rounds; a mode's speed is the median over its K processes. (Measured so,
-copy+drafter fell further behind copy than in one process: bench/results/h200-2026-11-30f/zb/;
-not yet explained.)
+turns prompt by prompt. A server runs one engine, so here every mode runs in processes of its
+own (this script with --one-mode), the modes taking turns process by process in rotated order,
+K rounds. On the H200 machine the host's speed differs from process to process and drifts
+within a call: the same pure-Python step setup took 0.036 ms in one process and 0.067 ms in
+the next, a minute apart (bench/results/h200-2026-11-30i/sp/), and copy's four processes in
+one call ran at 5,244-8,044 tokens/s (`fe/`). So besides each mode's median over its K
+processes, every later mode gets its speed relative to the first mode's process of the same
+round (back to back, so the nearest in time), and the median of those K ratios.
 """
 
 from __future__ import annotations
@@ -67,9 +66,13 @@ def run(args, modes: list[str], rounds: int) -> dict:
                     for c, v in cats.items():
                         got[m].setdefault(t, {}).setdefault(c, {"runs": []})["runs"].append(v)
     for m in modes:
-        for cats in got[m].values():
-            for r in cats.values():
+        for t, cats in got[m].items():
+            for c, r in cats.items():
                 r["median"] = statistics.median(r["runs"])
+                if m != modes[0]:
+                    first = got[modes[0]][t][c]["runs"]
+                    r["vs_first_per_round"] = [x / y for x, y in zip(r["runs"], first)]
+                    r["vs_first_median"] = statistics.median(r["vs_first_per_round"])
     return got
 
 
@@ -81,3 +84,9 @@ def report(got: dict) -> None:
         print(f"{'category':<15}" + "".join(f"{m:>14}" for m in modes))
         for c in got[modes[0]][t]:
             print(f"{c:<15}" + "".join(f"{got[m][t][c]['median']:14.1f}" for m in modes))
+        for m in modes[1:]:
+            print(f"{m} against {modes[0]}, process by process in each round (median):")
+            for c in got[m][t]:
+                r = got[m][t][c]
+                print(f"  {c:<13}" + " ".join(f"{x - 1:+7.1%}" for x in r["vs_first_per_round"])
+                      + f"   ({r['vs_first_median'] - 1:+.1%})")
