@@ -25,12 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "bench"))
 import gpu_env  # noqa: E402,F401
 
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
-from kolibri_trt.prompts import load_prompts  # noqa: E402
+from profile_generate import PROMPTS, bench_prompts  # noqa: E402
 
-PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench_question.jsonl"
 TOP = 45          # rows per table
 PROJECT = ("kolibri_trt", "plugins", "kolibri_trt_plugins")
 
@@ -60,10 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
-    prompts = load_prompts(args.prompts_file, per_category=args.per_category,
-                           categories=tuple(args.categories))
-    if not prompts:
-        raise SystemExit(f"--categories {args.categories}: no prompts in {args.prompts_file}")
+    prompts = bench_prompts(args)
     llm = LLM(args.engine, speculative=args.mode, max_num_seqs=1, device=args.device)
     ids = [llm.tokenizer.encode(p.text, add_bos=True) for p in prompts]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)

@@ -319,6 +319,16 @@ def report_profile(r: dict) -> None:
         print(f"   gpu  {x['device_ms']:9.3f} ms {x['calls']:7d}x  {x['kernel']}")
 
 
+def bench_prompts(args) -> list:
+    """args.per_category prompts of each of args.categories from args.prompts_file;
+    SystemExit naming them when none match."""
+    prompts = load_prompts(args.prompts_file, per_category=args.per_category,
+                           categories=tuple(args.categories))
+    if not prompts:
+        raise SystemExit(f"--categories {args.categories}: no prompts in {args.prompts_file}")
+    return prompts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", type=Path, required=True)
@@ -343,10 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="after every mode's timed run, one torch.profiler run per mode")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
-    prompts = load_prompts(args.prompts_file, per_category=args.per_category,
-                           categories=tuple(args.categories))
-    if not prompts:
-        raise SystemExit(f"--categories {args.categories}: no prompts in {args.prompts_file}")
+    prompts = bench_prompts(args)
     results, llms = [], []
     for mode in args.modes:      # every timed run before any profiler (profiled_mode)
         llm, r = timed_mode(args, mode, prompts)
