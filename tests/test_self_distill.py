@@ -85,8 +85,13 @@ def test_batches_mix_generated_and_corpus_windows(tmp_path):
     only_corpus = train_drafter.train_batch(corpus, None, 3, args)
     assert (only_corpus < 1000).all() and only_corpus.shape == (4, 8)
     np.save(tmp_path / "g.npy", gen)
-    fit, held = train_drafter.load_generated(tmp_path / "g.npy")
+    args.generated = tmp_path / "g.npy"
+    fit, held = train_drafter.load_generated(args)
     assert len(held) == round(len(gen) * train_drafter.GENERATED_HOLDOUT)
     assert np.array_equal(np.concatenate([fit, held]), gen)
+    args.generated_fraction = 1.5
+    with pytest.raises(ValueError, match="--generated-fraction"):
+        train_drafter.load_generated(args)
+    args.generated, args.generated_fraction = tmp_path / "missing.npy", 0.5
     with pytest.raises(FileNotFoundError, match="--generated"):
-        train_drafter.load_generated(tmp_path / "missing.npy")
+        train_drafter.load_generated(args)

@@ -251,9 +251,14 @@ def evaluate(drafter, target, tokens, args, device) -> dict[str, list[float]]:
             for k, r in zip(("all", "copy_miss"), rows)}
 
 
-def load_generated(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(training part, held-out tail of GENERATED_HOLDOUT) of a `gen_self_distill.py` token
-    stream. FileNotFoundError / ValueError name the file when it is missing or too short."""
+def load_generated(args) -> tuple[np.ndarray, np.ndarray]:
+    """(training part, held-out tail of GENERATED_HOLDOUT) of the `gen_self_distill.py` token
+    stream args.generated. FileNotFoundError names a missing file, ValueError a
+    --generated-fraction outside [0, 1]; a part shorter than one window raises `batch_at`'s
+    ValueError at its first batch."""
+    if not 0.0 <= args.generated_fraction <= 1.0:
+        raise ValueError(f"--generated-fraction: must be in [0, 1], got {args.generated_fraction}")
+    path = args.generated
     if not path.is_file():
         raise FileNotFoundError(f"--generated: {path} does not exist (tools/gen_self_distill.py)")
     arr = np.load(path, allow_pickle=False)
@@ -342,7 +347,7 @@ def train(args) -> dict:
     log = Logger(args.run_dir)
     log.log(event="start", step=meta["step"], params=sum(p.numel() for p in drafter.parameters()),
             draft_vocab=drafter.config.draft_vocab_size, device=str(device))
-    gen_train, gen_valid = load_generated(args.generated) if args.generated else (None, None)
+    gen_train, gen_valid = load_generated(args) if args.generated else (None, None)
 
     def valid() -> dict:
         out = {"valid_agree": evaluate(drafter, target, valid_tok, args, device)}
