@@ -41,6 +41,11 @@
 #   PART=sp bash bench/gpu_session.sh   PART se's timed split on the shipped engine, with the
 #       rest of the step timed too (commit, the engine's observe, taps rows, chain items)
 #       (~2 min).                                                carry: engines/carry-b.tar.xz
+#   PART=ga bash bench/gpu_session.sh   the drafter gate with chained rounds and the shipped
+#       drafter: the in-process chat + German eval (8 prompts, greedy and T = 0.8, medians of
+#       2) with --drafter-gate always, then adaptive; compare each run's copy+drafter / copy
+#       ratio (copy is the same in both, the processes' host speeds are not) (~4 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -178,6 +183,14 @@ case "${PART:-}" in
         --out "$OUT/split_${m//+/_}"
     done
     pack sp
+    ;;
+  ga)
+    unpack carry-b
+    for g in always adaptive; do
+      evalmini "gate_$g" 150 --categories mt_bench translation --per-category 8 --humaneval 0 \
+        --max-tokens 192 --repeats 2 --drafter-gate "$g" --json "$OUT/gate_$g.json"
+    done
+    pack ga
     ;;
   zu)
     unpack carry-b
