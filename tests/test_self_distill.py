@@ -75,7 +75,8 @@ def test_missing_corpus_is_named(tmp_path):
 def test_batches_mix_generated_and_corpus_windows(tmp_path):
     corpus = np.arange(0, 500, dtype=np.uint16)            # ids < 1000
     gen = np.arange(1000, 1400, dtype=np.uint16)          # ids >= 1000
-    args = SimpleNamespace(seq_len=7, batch_size=4, seed=0, generated_fraction=0.75)
+    args = SimpleNamespace(seq_len=7, batch_size=4, seed=0, generated_fraction=0.75,
+                           generated=None)
     b = train_drafter.train_batch(corpus, gen, 3, args)
     assert b.shape == (4, 8)
     assert (b[:1] < 1000).all() and (b[1:] >= 1000).all()
@@ -95,3 +96,12 @@ def test_batches_mix_generated_and_corpus_windows(tmp_path):
     args.generated, args.generated_fraction = tmp_path / "missing.npy", 0.5
     with pytest.raises(FileNotFoundError, match="--generated"):
         train_drafter.load_generated(args)
+    np.save(tmp_path / "short.npy", gen[:100])      # held-out tail: 5 tokens < one window
+    args.generated = tmp_path / "short.npy"
+    with pytest.raises(ValueError, match="held-out 5% needs one window"):
+        train_drafter.load_generated(args)
+    args.generated, args.generated_fraction = None, 0.5
+    with pytest.raises(ValueError, match="only with --generated"):
+        train_drafter.load_generated(args)
+    args.generated_fraction = None
+    assert train_drafter.load_generated(args) == (None, None)

@@ -1,9 +1,23 @@
 #!/usr/bin/env python3
-"""Train a `KolibriBlockDrafter` for a (mini) Kolibri target with the seed's recipe
-(`shared/seeds/000_18e372fd3ab55920.txt`, `shared/spec/block-drafter.md` §Training target):
+r"""Train a `KolibriBlockDrafter` for a (mini) Kolibri target with the seed's recipe.
+
+The recipe is the seed's (`shared/seeds/000_18e372fd3ab55920.txt`, `shared/spec/block-drafter.md`
+§Training target):
 
     PYTHONPATH=. python tools/train_drafter.py --corpus corpus --target runs/target/export \
         --run-dir runs/drafter --out runs/drafter/export [--time-budget-s 300]
+
+Fine-tuning a drafter (its config and draft vocabulary kept) on the target's own continuations
+(`tools/gen_self_distill.py`), as the shipped one was made (`checkpoints/kolibri-mini/README.md`;
+on a CPU add --device cpu and small --batch-size / --seq-len / --steps):
+
+    PYTHONPATH=. python tools/train_drafter.py --corpus corpus/sub \
+        --target checkpoints/kolibri-mini/target --init-from checkpoints/kolibri-mini/drafter \
+        --generated runs/gen/train.npy --generated-fraction 0.75 --copy-miss-weight 1 \
+        --lr 3e-4 --steps 2500 --warmup 50 --run-dir runs/drafter-sd --out runs/drafter-sd/export
+
+The generated stream's last GENERATED_HOLDOUT (5 %) is held out for `valid_gen_agree`, so the
+stream needs at least (seq_len + 1) / 0.05 tokens.
 
 - target-distilled: the frozen target runs on corpus windows; the loss is the KL divergence
   from the target's distribution restricted to the draft vocabulary (renormalised) to the
@@ -57,11 +71,13 @@ GENERATED_HOLDOUT = 0.05   # tail share of --generated kept out of training, for
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     a = p.add_argument
-    a("--corpus", type=Path, default=ROOT / "corpus")
+    a("--corpus", type=Path, default=ROOT / "corpus",
+      help="folder with train.jsonl.xz and valid.jsonl.xz (tools/corpus.py, corpus_subset.py)")
     a("--target", type=Path, required=True, help="target checkpoint (with tokenizer)")
     a("--run-dir", type=Path, default=ROOT / "runs" / "drafter")
     a("--out", type=Path, help="export folder (default <run-dir>/export)")
-    a("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+      help="cuda or cpu (default: cuda when there is one)")
     a("--layers", type=int, default=4)
     a("--heads", type=int, default=2)
     a("--kv-heads", type=int, default=2)
@@ -96,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
       "vocabulary; the seed fine-tuned so with --lr 2e-4, i.e. 2e-4 -> 2e-5)")
     a("--generated", type=Path, help="token stream of the target's own continuations "
       "(`tools/gen_self_distill.py`); its last GENERATED_HOLDOUT is kept for validation")
-    a("--generated-fraction", type=float, default=0.5,
-      help="share of each batch's windows taken from --generated (the rest: the corpus)")
+    a("--generated-fraction", type=float,
+      help="share of each batch's windows taken from --generated, the rest from the corpus "
+           "(default 0.5; only with --generated)")
     a("--copy-miss-weight", type=float, default=0.0,
       help="extra loss weight of the anchors where copy drafting misses (`copy_miss_mask`): "
            "weight 1 + this, 1 elsewhere (0: the seed's recipe)")
@@ -251,11 +268,17 @@ def evaluate(drafter, target, tokens, args, device) -> dict[str, list[float]]:
             for k, r in zip(("all", "copy_miss"), rows)}
 
 
-def load_generated(args) -> tuple[np.ndarray, np.ndarray]:
+def load_generated(args) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(training part, held-out tail of GENERATED_HOLDOUT) of the `gen_self_distill.py` token
-    stream args.generated. FileNotFoundError names a missing file, ValueError a
-    --generated-fraction outside [0, 1]; a part shorter than one window raises `batch_at`'s
-    ValueError at its first batch."""
+    stream args.generated ((None, None) without one); sets args.generated_fraction's default
+    (0.5). FileNotFoundError names a missing file, ValueError a --generated-fraction without
+    --generated or outside [0, 1], or a stream whose held-out tail is shorter than a window."""
+    if args.generated is None:
+        if args.generated_fraction is not None:
+            raise ValueError("--generated-fraction: only with --generated")
+        return None, None
+    if args.generated_fraction is None:
+        args.generated_fraction = 0.5
     if not 0.0 <= args.generated_fraction <= 1.0:
         raise ValueError(f"--generated-fraction: must be in [0, 1], got {args.generated_fraction}")
     path = args.generated
@@ -263,6 +286,11 @@ def load_generated(args) -> tuple[np.ndarray, np.ndarray]:
         raise FileNotFoundError(f"--generated: {path} does not exist (tools/gen_self_distill.py)")
     arr = np.load(path, allow_pickle=False)
     cut = int(len(arr) * (1 - GENERATED_HOLDOUT))
+    if len(arr) - cut < args.seq_len + 1:
+        raise ValueError(f"--generated: {path} holds {len(arr)} tokens; its held-out "
+                         f"{GENERATED_HOLDOUT:.0%} needs one window of --seq-len + 1 = "
+                         f"{args.seq_len + 1}, i.e. at least "
+                         f"{int((args.seq_len + 1) / GENERATED_HOLDOUT) + 1} tokens")
     return arr[:cut], arr[cut:]
 
 
@@ -332,7 +360,9 @@ def setup(args, device):
 
 
 def train(args) -> dict:
-    """Run (or resume) drafter training within the budget; returns the final meta."""
+    """Run (or resume) drafter training within the budget; returns the final meta. ValueError
+    / FileNotFoundError for a bad --generated / --generated-fraction, before anything loads."""
+    gen_train, gen_valid = load_generated(args)
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     if device.type == "cuda":
@@ -347,7 +377,6 @@ def train(args) -> dict:
     log = Logger(args.run_dir)
     log.log(event="start", step=meta["step"], params=sum(p.numel() for p in drafter.parameters()),
             draft_vocab=drafter.config.draft_vocab_size, device=str(device))
-    gen_train, gen_valid = load_generated(args) if args.generated else (None, None)
 
     def valid() -> dict:
         out = {"valid_agree": evaluate(drafter, target, valid_tok, args, device)}

@@ -136,8 +136,9 @@ def _check_tp(tp_size, spec: TargetSpec, cfg: KolibriConfig, recipe: WeightsReci
 def _inputs(opts: BuildOptions) -> tuple[Path, Path]:
     if opts.model is None:
         if opts.drafter is not None:
-            raise BuildError("--drafter given without --model: the default drafter belongs to "
-                             "the default target")
+            raise BuildError(f"--drafter given without --model: give the target the drafter "
+                             f"was trained for (the embedded default's: "
+                             f"{DEFAULT_CHECKPOINTS / 'target'})")
         if not (DEFAULT_CHECKPOINTS / "target" / "config.json").is_file():
             raise BuildError(f"the embedded default checkpoints are missing under "
                              f"{DEFAULT_CHECKPOINTS} (a checkout without checkpoints/?): "
