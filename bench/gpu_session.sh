@@ -46,6 +46,10 @@
 #       2) with --drafter-gate always, then adaptive; compare each run's copy+drafter / copy
 #       ratio (copy is the same in both, the processes' host speeds are not) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=ps bash bench/gpu_session.sh   copy and copy+drafter's step parts in one process, the
+#       modes taking turns (bench/paired_split.py, 4 rounds, chat + German, 4 prompts each):
+#       which parts make copy+drafter's steps dearer, free of the per-process host speed
+#       (~3 min).                                                carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -191,6 +195,13 @@ case "${PART:-}" in
         --max-tokens 192 --repeats 2 --drafter-gate "$g" --json "$OUT/gate_$g.json"
     done
     pack ga
+    ;;
+  ps)
+    unpack carry-b
+    step paired 200 python3 bench/paired_split.py --engine engines/mini-h200 \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
+      --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 4 --out "$OUT"
+    pack ps
     ;;
   zu)
     unpack carry-b

@@ -329,8 +329,9 @@ def bench_prompts(args) -> list:
     return prompts
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser:
+    """This script's options (bench/paired_split.py adds its own to them)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--device", default="cuda", help="cuda | cpu (a dry run)")
     ap.add_argument("--prompts-file", type=Path, default=PROMPTS)
@@ -352,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiler", default="on", choices=["on", "off"],
                     help="after every mode's timed run, one torch.profiler run per mode")
     ap.add_argument("--out", type=Path, default=Path("."))
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     prompts = bench_prompts(args)
     results, llms = [], []
     for mode in args.modes:      # every timed run before any profiler (profiled_mode)
