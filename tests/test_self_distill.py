@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import gen_self_distill as gsd  # noqa: E402
-import train_drafter  # noqa: E402
+import generated_stream as gs  # noqa: E402
 
 from kolibri_trt.tokenizer import KolibriTokenizer  # noqa: E402
 
@@ -77,31 +77,31 @@ def test_batches_mix_generated_and_corpus_windows(tmp_path):
     gen = np.arange(1000, 1400, dtype=np.uint16)          # ids >= 1000
     args = SimpleNamespace(seq_len=7, batch_size=4, seed=0, generated_fraction=0.75,
                            generated=None)
-    b = train_drafter.train_batch(corpus, gen, 3, args)
+    b = gs.train_batch(corpus, gen, 3, args)
     assert b.shape == (4, 8)
     assert (b[:1] < 1000).all() and (b[1:] >= 1000).all()
     assert (b[:, 1:] - b[:, :-1] == 1).all()               # contiguous windows
-    assert b.equal(train_drafter.train_batch(corpus, gen, 3, args))
-    assert not b.equal(train_drafter.train_batch(corpus, gen, 4, args))
-    only_corpus = train_drafter.train_batch(corpus, None, 3, args)
+    assert b.equal(gs.train_batch(corpus, gen, 3, args))
+    assert not b.equal(gs.train_batch(corpus, gen, 4, args))
+    only_corpus = gs.train_batch(corpus, None, 3, args)
     assert (only_corpus < 1000).all() and only_corpus.shape == (4, 8)
     np.save(tmp_path / "g.npy", gen)
     args.generated = tmp_path / "g.npy"
-    fit, held = train_drafter.load_generated(args)
-    assert len(held) == round(len(gen) * train_drafter.GENERATED_HOLDOUT)
+    fit, held = gs.load_generated(args)
+    assert len(held) == round(len(gen) * gs.GENERATED_HOLDOUT)
     assert np.array_equal(np.concatenate([fit, held]), gen)
     args.generated_fraction = 1.5
     with pytest.raises(ValueError, match="--generated-fraction"):
-        train_drafter.load_generated(args)
+        gs.load_generated(args)
     args.generated, args.generated_fraction = tmp_path / "missing.npy", 0.5
     with pytest.raises(FileNotFoundError, match="--generated"):
-        train_drafter.load_generated(args)
+        gs.load_generated(args)
     np.save(tmp_path / "short.npy", gen[:100])      # held-out tail: 5 tokens < one window
     args.generated = tmp_path / "short.npy"
     with pytest.raises(ValueError, match="held-out 5% needs one window"):
-        train_drafter.load_generated(args)
+        gs.load_generated(args)
     args.generated, args.generated_fraction = None, 0.5
     with pytest.raises(ValueError, match="only with --generated"):
-        train_drafter.load_generated(args)
+        gs.load_generated(args)
     args.generated_fraction = None
-    assert train_drafter.load_generated(args) == (None, None)
+    assert gs.load_generated(args) == (None, None)

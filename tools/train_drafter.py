@@ -16,7 +16,7 @@ on a CPU add --device cpu and small --batch-size / --seq-len / --steps):
         --generated runs/gen/train.npy --generated-fraction 0.75 --copy-miss-weight 1 \
         --lr 3e-4 --steps 2500 --warmup 50 --run-dir runs/drafter-sd --out runs/drafter-sd/export
 
-The generated stream's last GENERATED_HOLDOUT (5 %) is held out for `valid_gen_agree`, so the
+The generated stream's last 5 % (`generated_stream.GENERATED_HOLDOUT`) is held out for `valid_gen_agree`, so the
 stream needs at least (seq_len + 1) / 0.05 tokens.
 
 - target-distilled: the frozen target runs on corpus windows; the loss is the KL divergence
@@ -44,7 +44,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -54,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import gpu_env  # noqa: E402,F401
 import fast_drafter  # noqa: E402
 import fast_target  # noqa: E402
+from generated_stream import load_generated, train_batch  # noqa: E402
 from train_common import (Logger, atomic_dir, batch_at, load_state, run_steps,  # noqa: E402
                           save_state, tokenize_corpus, write_bytes_atomic)
 
@@ -64,8 +64,6 @@ from kolibri_trt.model.reference import KolibriForCausalLM  # noqa: E402
 INIT_STD = 0.02
 VOCAB_SEED = 20_000      # batch seed of the draft-vocabulary count (apart from training's)
 EVAL_SEED = 30_000
-GEN_SEED_OFFSET = 1    # --generated windows: batch seed = --seed + this (apart from the corpus's)
-GENERATED_HOLDOUT = 0.05   # tail share of --generated kept out of training, for validation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--init-from", type=Path, help="start from this drafter checkpoint (its config and draft "
       "vocabulary; the seed fine-tuned so with --lr 2e-4, i.e. 2e-4 -> 2e-5)")
     a("--generated", type=Path, help="token stream of the target's own continuations "
-      "(`tools/gen_self_distill.py`); its last GENERATED_HOLDOUT is kept for validation")
+      "(`tools/gen_self_distill.py`); its last 5 %% is kept for validation")
     a("--generated-fraction", type=float,
       help="share of each batch's windows taken from --generated, the rest from the corpus "
            "(default 0.5; only with --generated)")
@@ -266,46 +264,6 @@ def evaluate(drafter, target, tokens, args, device) -> dict[str, list[float]]:
         rows = a if rows is None else rows + a
     return {k: [round(float(x) / args.eval_batches, 4) for x in r]
             for k, r in zip(("all", "copy_miss"), rows)}
-
-
-def load_generated(args) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(training part, held-out tail of GENERATED_HOLDOUT) of the `gen_self_distill.py` token
-    stream args.generated ((None, None) without one); sets args.generated_fraction's default
-    (0.5). FileNotFoundError names a missing file, ValueError a --generated-fraction without
-    --generated or outside [0, 1], or a stream whose held-out tail is shorter than a window."""
-    if args.generated is None:
-        if args.generated_fraction is not None:
-            raise ValueError("--generated-fraction: only with --generated")
-        return None, None
-    if args.generated_fraction is None:
-        args.generated_fraction = 0.5
-    if not 0.0 <= args.generated_fraction <= 1.0:
-        raise ValueError(f"--generated-fraction: must be in [0, 1], got {args.generated_fraction}")
-    path = args.generated
-    if not path.is_file():
-        raise FileNotFoundError(f"--generated: {path} does not exist (tools/gen_self_distill.py)")
-    arr = np.load(path, allow_pickle=False)
-    cut = int(len(arr) * (1 - GENERATED_HOLDOUT))
-    if len(arr) - cut < args.seq_len + 1:
-        raise ValueError(f"--generated: {path} holds {len(arr)} tokens; its held-out "
-                         f"{GENERATED_HOLDOUT:.0%} needs one window of --seq-len + 1 = "
-                         f"{args.seq_len + 1}, i.e. at least "
-                         f"{int((args.seq_len + 1) / GENERATED_HOLDOUT) + 1} tokens")
-    return arr[:cut], arr[cut:]
-
-
-def train_batch(train_tok: np.ndarray, gen: np.ndarray | None, step: int, args) -> torch.Tensor:
-    """int64 [batch_size, seq_len + 1] windows of step `step`: round(--generated-fraction x
-    batch_size) rows from the generated stream (when given), the rest from the corpus; a pure
-    function of (seed, step) as `batch_at`."""
-    n = args.seq_len + 1
-    g = round(args.generated_fraction * args.batch_size) if gen is not None else 0
-    parts = []
-    if g < args.batch_size:
-        parts.append(batch_at(train_tok, step, args.batch_size - g, n, args.seed))
-    if g:
-        parts.append(batch_at(gen, step, g, n, args.seed + GEN_SEED_OFFSET))
-    return torch.cat(parts)
 
 
 def export(drafter: KolibriBlockDrafter, out: Path, meta: dict, args=None) -> None:
