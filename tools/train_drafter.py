@@ -16,8 +16,8 @@ on a CPU add --device cpu and small --batch-size / --seq-len / --steps):
         --generated runs/gen/train.npy --generated-fraction 0.75 --copy-miss-weight 1 \
         --lr 3e-4 --steps 2500 --warmup 50 --run-dir runs/drafter-sd --out runs/drafter-sd/export
 
-The generated stream's last 5 % (`generated_stream.GENERATED_HOLDOUT`) is held out for `valid_gen_agree`, so the
-stream needs at least (seq_len + 1) / 0.05 tokens.
+The generated stream's last 5 % (`generated_stream.GENERATED_HOLDOUT`) is held out for
+`valid_gen_agree`, so the stream needs at least (seq_len + 1) / 0.05 tokens.
 
 - target-distilled: the frozen target runs on corpus windows; the loss is the KL divergence
   from the target's distribution restricted to the draft vocabulary (renormalised) to the
