@@ -37,6 +37,7 @@ target began itself.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import lzma
 import re
@@ -152,10 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--time-budget-s {args.time_budget_s} reached", flush=True)
             break
     arr = np.concatenate(stream)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp.npy")
-    np.save(tmp, arr, allow_pickle=False)
-    tmp.replace(args.out)
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    write_bytes_atomic(args.out, buf.getvalue())
     meta = {"samples": done, "tokens": int(arr.size), "generated_tokens": generated,
             "max_tokens": args.max_tokens, "instruction_fraction": args.instruction_fraction,
             "seed": args.seed, "engine": str(args.engine), "speculative": args.speculative,
