@@ -50,6 +50,10 @@
 #       modes taking turns (bench/paired_split.py, 4 rounds, chat + German, 4 prompts each):
 #       which parts make copy+drafter's steps dearer, free of the per-process host speed
 #       (~3 min).                                                carry: engines/carry-b.tar.xz
+#   PART=tl bash bench/gpu_session.sh   copy and copy+drafter's steps on the GPU's clock
+#       (bench/gpu_timeline.py: CUDA events, no profiler; German, then chat, 4 prompts, 2
+#       rounds): whether the drafter's rounds or the host set a step's pace; then PART ps
+#       (~6 min).                                                 carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -195,6 +199,19 @@ case "${PART:-}" in
         --max-tokens 192 --repeats 2 --drafter-gate "$g" --json "$OUT/gate_$g.json"
     done
     pack ga
+    ;;
+  tl)
+    unpack carry-b
+    for c in translation mt_bench; do
+      step "timeline_$c" 120 python3 bench/gpu_timeline.py --engine engines/mini-h200 \
+        --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
+        --categories "$c" --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 2 \
+        --out "$OUT/timeline_$c"
+    done
+    step paired 200 python3 bench/paired_split.py --engine engines/mini-h200 \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
+      --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 4 --out "$OUT"
+    pack tl
     ;;
   ps)
     unpack carry-b
