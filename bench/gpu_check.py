@@ -4,7 +4,7 @@ the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager),
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
     python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,splitk,norm,
-        qknorm,gumbel,ringattn,ropering,vocabargmax]
+        qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
@@ -13,7 +13,7 @@ Exit status 1 if any check fails. Tolerances: see TOL.
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
 (nvfp4, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, qknorm, gumbel, vocabargmax)
 and
-gpu_check_drafter.py (ringattn, ropering); the
+gpu_check_drafter.py (ringattn, ropering, chainindex); the
 shared state (RESULTS, DEV, GRAPHS), TOL and the record / graph helpers in gpu_check_base.py.
 They are all importable from here as before (``gpu_check.load_plugins``, ``.RESULTS``,
 ``.check_attention``, ...); ``gpu_check.DEV`` / ``.GRAPHS`` read the current values.
@@ -53,7 +53,8 @@ from gpu_check_base import (  # noqa: F401
     record,
     same,
 )
-from gpu_check_drafter import check_ring_attention, check_rope_ring_write
+from gpu_check_drafter import (check_chain_index, check_ring_attention,
+                               check_rope_ring_write)
 from gpu_check_gemm import (  # noqa: F401
     check_fp8fused,
     check_fp8gemv,
@@ -99,6 +100,7 @@ SECTIONS = {
     "ringattn": check_ring_attention,
     "ropering": check_rope_ring_write,
     "vocabargmax": check_vocab_argmax,
+    "chainindex": check_chain_index,
 }
 
 

@@ -1,6 +1,7 @@
-"""gpu_check sections ringattn, ropering: the drafter's ring attention and RoPE + ring write
-kernels (plugins/ring_attention.py, plugins/rope_ring_write.py) against their references over
-odd sizes, CUDA graph replay, one stream alone vs in a batch. Run through bench/gpu_check.py."""
+"""gpu_check sections ringattn, ropering, chainindex: the drafter's ring attention, RoPE + ring
+write and chained-round index kernels (plugins/ring_attention.py, plugins/rope_ring_write.py,
+plugins/chain_index.py) against their references over odd sizes, CUDA graph replay, one stream
+alone vs in a batch. Run through bench/gpu_check.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gpu_check_base as B
 import torch
 from gpu_check_base import check_graph, record
 from kolibri_trt_plugins import testing as T
+from kolibri_trt_plugins.chain_index import chain_index, chain_index_ref
 from kolibri_trt_plugins.ring_attention import ring_attention, ring_attention_ref
 from kolibri_trt_plugins.rope_ring_write import rope_ring_write, rope_ring_write_ref
 
@@ -70,3 +72,37 @@ def check_rope_ring_write(g, small):
         msg = check_graph(name, lambda: (q3.copy_(qkv), rope_ring_write(q3, m, kv3, slots, rows,
                                                                          hq), q3)[2], q1)
         record(name, ok, f"bit-identical to the reference: {ok} " + msg)
+
+
+def check_chain_index(g, small):
+    """Exact (integer maths): the kernel against the reference on random steps (each stream's
+    drafts accepted 0 .. k times, streams starting at position 0 among them: negative
+    remainders), eager and in a CUDA graph replayed twice."""
+    for s_valid, s_b, width, depth, b in [(1, 1, 5, 1, 4), (3, 4, 5, 1, 4), (6, 8, 9, 2, 4)] + (
+            [] if small else [(50, 64, 5, 1, 4), (0, 2, 3, 2, 3)]):
+        name = f"chain_index S={s_valid}/{s_b} width={width} depth={depth} B={b}"
+        rows = torch.randint(0, width, (s_b,), generator=g)
+        row0 = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), 1 + rows[:-1]]), 0)
+        t = int(row0[-1] + 1 + rows[-1]) + 3
+        fields = torch.zeros(5, s_b, dtype=torch.long)
+        fields[0], fields[1] = row0, rows
+        fields[2] = torch.randint(0, 4000, (s_b,), generator=g)
+        fields[2, ::3] = 0
+        fields[3] = torch.randperm(s_b, generator=g)
+        fields[4, :s_valid] = 1
+        inputs = torch.randint(0, 3, (t + 2,), generator=g)       # many equal: long accepts
+        own = torch.randint(0, 3, (t,), generator=g)
+        offsets = torch.arange(depth * b).view(depth, b)
+        n_b = max(8, 1 << (s_b * width - 1).bit_length())
+        dev = [x.to(B.DEV) for x in (fields, inputs, own, offsets)]
+        r0 = torch.full((6, depth * s_b * b + 3), -7, dtype=torch.long, device=B.DEV)
+        c0 = torch.full((6, n_b + 3), -7, dtype=torch.long, device=B.DEV)
+        args = dict(s_b=s_b, n_b=n_b, width=width, ring_size=2069, history_rows=2065, trash=9)
+        r_ref, c_ref = r0.cpu(), c0.cpu()
+        chain_index_ref(fields, inputs, own, offsets, r_ref, c_ref, **args)
+        r1, c1 = r0.clone(), c0.clone()
+        chain_index(*dev, r1, c1, **args)
+        ok = torch.equal(r1.cpu(), r_ref) and torch.equal(c1.cpu(), c_ref)
+        r2, c2 = r0.clone(), c0.clone()
+        msg = check_graph(name, lambda: (chain_index(*dev, r2, c2, **args), r2, c2)[1:], [r1, c1])
+        record(name, ok, f"equal to the reference: {ok} " + msg)

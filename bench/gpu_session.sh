@@ -54,6 +54,10 @@
 #       (bench/gpu_timeline.py: CUDA events, no profiler; German, then chat, 4 prompts, 2
 #       rounds): whether the drafter's rounds or the host set a step's pace; then PART ps
 #       (~6 min).                                                 carry: engines/carry-b.tar.xz
+#   PART=tc bash bench/gpu_session.sh   the chained round's index columns in one kernel
+#       (plugins/chain_index.py): gpu_check chainindex (+ the drafter's other kernels), PART
+#       tl's timeline and paired split, the in-process chat + German eval (8 prompts greedy,
+#       medians of 3; 4 prompts T = 0.8, medians of 2) (~6 min).  carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -107,6 +111,20 @@ minichecks() {  # minichecks RUNTIME_S DRAFTER_S CHECK...: gpu_runtime (every mo
     --prompts-file "$P"
   step drafter "$dr" python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
     --prompts-file "$P" --only "$@"
+}
+
+timeline() {  # timeline SECONDS: bench/gpu_timeline.py (German, then chat, 4 prompts, 2
+  # rounds), then bench/paired_split.py (chat + German, 4 prompts, 4 rounds), copy against
+  # copy+drafter, on the trained default
+  local c P=engines/prompts/spec_bench_question.jsonl
+  for c in translation mt_bench; do
+    step "timeline_$c" "$1" python3 bench/gpu_timeline.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy copy+drafter --categories "$c" --per-category 4 \
+      --max-tokens 192 --warm-runs 1 --rounds 2 --out "$OUT/timeline_$c"
+  done
+  step paired 200 python3 bench/paired_split.py --engine engines/mini-h200 --prompts-file "$P" \
+    --modes copy copy+drafter --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 4 \
+    --out "$OUT"
 }
 
 pack() {  # pack NAME: every file under $OUT into $OUT/NAME_results.tar.gz (the device machine
@@ -202,16 +220,19 @@ case "${PART:-}" in
     ;;
   tl)
     unpack carry-b
-    for c in translation mt_bench; do
-      step "timeline_$c" 120 python3 bench/gpu_timeline.py --engine engines/mini-h200 \
-        --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
-        --categories "$c" --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 2 \
-        --out "$OUT/timeline_$c"
-    done
-    step paired 200 python3 bench/paired_split.py --engine engines/mini-h200 \
-      --prompts-file engines/prompts/spec_bench_question.jsonl --modes copy copy+drafter \
-      --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 4 --out "$OUT"
+    timeline 120
     pack tl
+    ;;
+  tc)
+    unpack carry-b
+    step check 120 python3 bench/gpu_check.py --only chainindex,ringattn,ropering,vocabargmax
+    timeline 100
+    E=(--categories mt_bench translation --humaneval 0 --max-tokens 192)
+    evalmini greedy 150 "${E[@]}" --per-category 8 --repeats 3 --temperatures 0 \
+      --json "$OUT/eval_greedy.json"
+    evalmini sampled 100 "${E[@]}" --per-category 4 --repeats 2 --temperatures 0.8 \
+      --json "$OUT/eval_sampled.json"
+    pack tc
     ;;
   ps)
     unpack carry-b

@@ -21,10 +21,12 @@ Ops (module: public function):
     ring_attention: ring_attention             the block drafter's ring attention (one launch)
     rope_ring_write: rope_ring_write           the drafter's q/k RoPE + K/V ring write (one launch)
     vocab_argmax: vocab_argmax                 greedy pick over a draft vocabulary (the heads)
+    chain_index: chain_index                   a chained drafter round's index columns
 """
 
 from .add_rms_norm import add_rms_norm
 from .attn_combine import attn_combine
+from .chain_index import chain_index
 from .fp8_gemv import fp8_gemv
 from .fp8_kv_write import fp8_kv_write
 from .fp8_paged_attention import fp8_paged_attention
@@ -40,7 +42,7 @@ from .rope_ring_write import rope_ring_write
 from .vocab_argmax import vocab_argmax
 
 __all__ = [
-    "add_rms_norm", "attn_combine", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
+    "add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
     "gumbel_argmax", "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv",
     "qk_norm_fold_int4", "qk_norm_rope", "ring_attention", "rope_ring_write", "vocab_argmax",
     "fold_matrices", "hadamard_rotation",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from kolibri_trt_plugins import chain_index
 
 from .drafter_runner import MIN_COMMIT, DrafterRunner, _pow2
 
@@ -57,8 +58,7 @@ class ChainedRound:
         self.uploaded = torch.cuda.Event() if cuda else None
         # row 0: the step's input ids (with its drafts), row 1: the target's own tokens
         self.tokens = torch.zeros(2, max_tokens + 1, dtype=torch.long, device=dev)
-        self.j = torch.arange(self.width, dtype=torch.long, device=dev)
-        self.offsets = torch.as_tensor(runner.offsets, device=dev)      # [depth, 1, B]
+        self.offsets = torch.as_tensor(runner.offsets.reshape(runner.depth, -1), device=dev)
         self.inputs = self.tokens[0]       # what the prologue reads the input ids from
         self.bound = False                 # inputs is a buffer of the target's (use_inputs)
 
@@ -69,9 +69,10 @@ class ChainedRound:
         a chain graph is captured, or for a wrong buffer."""
         if any(k[0] == "chain" for k in self.runner.graphs):
             raise ValueError("use_inputs: chain graphs are captured already")
-        if buffer.dtype != torch.long or buffer.dim() != 1 or buffer.device != self.j.device \
+        dev = self.fields.device
+        if buffer.dtype != torch.long or buffer.dim() != 1 or buffer.device != dev \
                 or buffer.numel() < self.tokens.shape[1]:
-            raise ValueError(f"buffer: int64 [>= {self.tokens.shape[1]}] on {self.j.device}, "
+            raise ValueError(f"buffer: int64 [>= {self.tokens.shape[1]}] on {dev}, "
                              f"got {buffer.dtype} {tuple(buffer.shape)} on {buffer.device}")
         self.inputs, self.bound = buffer, True
 
@@ -158,39 +159,8 @@ class ChainedRound:
     def _prologue(self, n_b: int, s_b: int) -> None:
         """Write the round's and the commit's index columns (`DrafterRunner` layout) from the
         fields and tokens, as `_stage_round` / `_stage_commit` would from the host: padding
-        streams and rows past a stream's a + 1 commit rows as their padding."""
-        r, w = self.runner, self.width
-        f = self.fields[:, :s_b]
-        row0, k, start, slot, valid = f[0], f[1], f[2], f[3], f[4] != 0
-        own = self.tokens[1]
-        inp = self.inputs[:own.shape[0]]
-        last = inp.shape[0] - 1
-        jd = self.j[:w - 1]                                           # draft index
-        ri = (row0[:, None] + jd).clamp(max=last - 1)
-        match = (inp[ri + 1] == own[ri]) & (jd < k[:, None])
-        a = match.long().cumprod(1).sum(1)                            # accepted drafts
-        p = start + a
-        bonus = own[(row0 + a).clamp(max=last)]
-        big_r, big_w, trash = r.ring.size, r.history_rows, r.ring.trash
-        rnd = r.r_idx
-        rnd[0, :s_b] = torch.where(valid, bonus, 0)
-        rnd[1, :s_b] = torch.where(valid, slot, trash)
-        rnd[3, :s_b] = torch.where(valid, slot * big_w + p % big_w, 0)
-        pos = torch.where(valid, p, 0)[None, :, None] + self.offsets   # [depth, s_b, B]
-        n = pos.numel()
-        rnd[4, :n] = pos.reshape(-1)
-        rnd[5, :n] = pos.reshape(-1) % big_r
-        rnd[2, :r.depth * s_b] = pos[:, :, 0].reshape(-1)
-        q = start[:, None] - 1 + self.j                               # [s_b, w] positions
-        ok = valid[:, None] & (self.j <= a[:, None])
-        qv = torch.where(ok, q, -1)
-        m, c = s_b * w, r.c_idx
-        c[0, :m] = torch.where(ok, inp[(row0[:, None] + self.j).clamp(max=last)], 0).reshape(-1)
-        c[1, :m] = torch.where(ok, slot[:, None], trash).reshape(-1)
-        c[2, :m] = qv.reshape(-1)
-        c[3, :m] = torch.where(ok, slot[:, None] * big_w + q % big_w, 0).reshape(-1)
-        c[4, :m] = (qv % big_r).reshape(-1)
-        c[5, :m] = qv.clamp(min=0).reshape(-1)
-        if n_b > m:                               # the bucket's padding rows
-            for i, v in enumerate((0, trash, -1, 0, big_r - 1, 0)):
-                c[i, m:n_b] = v
+        streams and rows past a stream's a + 1 commit rows as their padding (one launch:
+        `kolibri_trt_plugins.chain_index`)."""
+        r = self.runner
+        chain_index(self.fields, self.inputs, self.tokens[1], self.offsets, r.r_idx, r.c_idx,
+                    s_b, n_b, self.width, r.ring.size, r.history_rows, r.ring.trash)
