@@ -58,6 +58,9 @@
 #       (plugins/chain_index.py): gpu_check chainindex (+ the drafter's other kernels), PART
 #       tl's timeline and paired split, the in-process chat + German eval (8 prompts greedy,
 #       medians of 3; 4 prompts T = 0.8, medians of 2) (~6 min).  carry: engines/carry-b.tar.xz
+#   PART=gk bash bench/gpu_session.sh   kernel by kernel inside each graph a decode step
+#       replays (bench/graph_kernels.py, German and chat), then the timeline on 8 German
+#       prompts with the copy+drafter engine built first (~3 min). carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -233,6 +236,18 @@ case "${PART:-}" in
     evalmini sampled 100 "${E[@]}" --per-category 4 --repeats 2 --temperatures 0.8 \
       --json "$OUT/eval_sampled.json"
     pack tc
+    ;;
+  gk)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    for c in translation mt_bench; do
+      step "kernels_$c" 120 python3 bench/graph_kernels.py --engine engines/mini-h200 \
+        --prompts-file "$P" --category "$c" --out "$OUT/kernels_$c"
+    done
+    step timeline8 120 python3 bench/gpu_timeline.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes copy+drafter copy --categories translation \
+      --per-category 8 --max-tokens 192 --warm-runs 1 --rounds 2 --out "$OUT/timeline8"
+    pack gk
     ;;
   ps)
     unpack carry-b
