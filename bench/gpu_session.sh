@@ -61,6 +61,9 @@
 #   PART=gk bash bench/gpu_session.sh   kernel by kernel inside each graph a decode step
 #       replays (bench/graph_kernels.py, German and chat), then the timeline on 8 German
 #       prompts with the copy+drafter engine built first (~3 min). carry: engines/carry-b.tar.xz
+#   PART=gb bash bench/gpu_session.sh   the timeline and paired split (PART tl), then the
+#       in-process chat + German eval (8 prompts, greedy and T = 0.8, medians of 2) with
+#       --drafter-gate always, then adaptive (~8 min).           carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -248,6 +251,16 @@ case "${PART:-}" in
       --prompts-file "$P" --modes copy+drafter copy --categories translation \
       --per-category 8 --max-tokens 192 --warm-runs 1 --rounds 2 --out "$OUT/timeline8"
     pack gk
+    ;;
+  gb)
+    unpack carry-b
+    timeline 100
+    for g in always adaptive; do
+      evalmini "gate_$g" 170 --categories mt_bench translation --per-category 8 --humaneval 0 \
+        --max-tokens 192 --repeats 2 --temperatures 0 0.8 --drafter-gate "$g" \
+        --json "$OUT/gate_$g.json"
+    done
+    pack gb
     ;;
   ps)
     unpack carry-b

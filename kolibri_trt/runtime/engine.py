@@ -283,7 +283,7 @@ class LLMEngine:
         now = time.perf_counter()
         if self._step_mark is not None:
             self.speculator.record_step(now - self._step_mark, drafted, copy_only)
-        if self.speculator.overlap:
+        if self.speculator.wants_prefetch():
             self.speculator.prefetch(self._draft_items())
         self._step_mark = now if self.scheduler.has_work() else None
 

@@ -272,6 +272,11 @@ class PluginDrafterProposer:
         """Forget the last chained round (no `launch` took it)."""
         self._chain = None
 
+    @property
+    def has_chain(self) -> bool:
+        """Whether a chained round waits for a `launch` to take it (or `drop_chain`)."""
+        return self._chain is not None
+
     def deferred(self) -> DeferredDrafts | None:
         """The last `launch`'s drafts on the device without waiting for them (None when it had
         no ready stream or was collected); `collect` still returns them on the host."""

@@ -99,6 +99,8 @@ class Speculator:
                 cands.append((rid, tokens, k))
         go = self.gate.decide([rid for rid, _, _ in cands if rid not in seen])
         misses = [c for c in cands if (c[0] in pre if c[0] in seen else c[0] in go)]
+        if not misses and self.chain_rounds:
+            self.drafter.drop_chain()        # a chained round no stream takes (copy hit)
         if misses:
             b = self.drafter.drafter.config.block_size
             proposals = self._drafter_round(misses, pre)
@@ -154,6 +156,12 @@ class Speculator:
         """The deferred round's drafts were read from the device (with the verification's
         tokens): end the round without a host copy of its own."""
         self.drafter.discard()
+
+    def wants_prefetch(self) -> bool:
+        """Whether `prefetch` has work after this step: overlap on, and no chained round
+        waits (the next `propose_all` takes that one in its launch, or drops it: the lookups
+        and the gate run once, there)."""
+        return self.overlap and not (self.chain_rounds and self.drafter.has_chain)
 
     def prefetch(self, items: list[tuple[str, list[int], int]]) -> None:
         """After a step (overlap only): start the next step's drafter round, without waiting,
