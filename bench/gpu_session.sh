@@ -64,6 +64,9 @@
 #   PART=gb bash bench/gpu_session.sh   the timeline and paired split (PART tl), then the
 #       in-process chat + German eval (8 prompts, greedy and T = 0.8, medians of 2) with
 #       --drafter-gate always, then adaptive (~8 min).           carry: engines/carry-b.tar.xz
+#   PART=st bash bench/gpu_session.sh   the in-process chat + German eval with the prompts
+#       served 4, then 8 at a time (--streams; 8 prompts each, greedy and T = 0.8, medians of
+#       3) (~4 min).                                             carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -261,6 +264,15 @@ case "${PART:-}" in
         --json "$OUT/gate_$g.json"
     done
     pack gb
+    ;;
+  st)
+    unpack carry-b
+    for n in 4 8; do
+      evalmini "streams$n" 200 --categories mt_bench translation --per-category 8 \
+        --humaneval 0 --max-tokens 192 --repeats 3 --temperatures 0 0.8 --streams "$n" \
+        --json "$OUT/streams$n.json"
+    done
+    pack st
     ;;
   ps)
     unpack carry-b

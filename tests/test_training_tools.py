@@ -389,3 +389,25 @@ def test_isolated_speeds_are_medians_over_processes_in_rotated_order(monkeypatch
                         lambda cmd, **kw: SimpleNamespace(returncode=1, stderr="boom"))
     with pytest.raises(RuntimeError, match="'copy' process failed"):
         eval_isolated.run(args, ["copy"], 1)
+
+
+def test_streams_time_the_batch_over_its_wall(monkeypatch):
+    """`eval_acceptance --streams N`: a batch's requests overlap, so no summed decode time
+    (the wall-time speed stands instead); one stream keeps the per-request decode time;
+    --streams must be >= 1 and cannot go with --isolated."""
+    import eval_acceptance
+
+    def fake_llm(seqs):
+        out = [SimpleNamespace(token_ids=[1, 2, 3], metrics=SimpleNamespace(
+            num_generated_tokens=3, total_time_s=0.5, time_to_first_token_s=0.1))
+            for _ in range(2)]
+        return SimpleNamespace(engine=SimpleNamespace(args=SimpleNamespace(max_num_seqs=seqs)),
+                               generate=lambda ids, params: out[:len(ids)])
+    batched = eval_acceptance.timed_run(fake_llm(2), [[1], [2]], None)
+    assert batched[1] == 6 and batched[3] == 4 and batched[4] == 0.0
+    assert eval_acceptance.merge_runs([batched])[2] is None
+    one = eval_acceptance.timed_run(fake_llm(1), [[1]], None)
+    assert one[4] == pytest.approx(0.4)
+    for bad in (["--streams", "0"], ["--streams", "2", "--isolated", "2"]):
+        with pytest.raises(SystemExit):
+            eval_acceptance.main(["--engine", "e"] + bad)

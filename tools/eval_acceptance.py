@@ -6,15 +6,17 @@
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
         [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off]
         [--drafter-chain auto|on|off]
-        [--drafter-stream own|current] [--repeats R]
+        [--drafter-stream own|current] [--repeats R] [--streams N]
         [--isolated K [--isolated-modes copy copy+drafter]]
         [--prompts-dir DIR] [--json out.json]
 
 Prompts: Spec-Bench's translation (German), mt_bench (chat), rag and summarization
-categories and HumanEval (`shared/data/prompts`), one stream at a time.
+categories and HumanEval (`shared/data/prompts`), one stream at a time (--streams N: a
+category's prompts N at a time, as a server batches them).
 1. End to end with `kolibri_trt.LLM`, for speculative = off, copy, drafter, copy+drafter,
    greedy and sampled: decode tokens/s per category (after the first token; the JSON also
-   has tokens/s over the whole wall time; medians of --repeats runs), tau (tokens per target
+   has tokens/s over the whole wall time; medians of --repeats runs; with --streams N > 1
+   the table shows tokens/s over the wall time of the category's batch), tau (tokens per target
    pass), per-position acceptance, by source the target passes, copy drafts accepted /
    proposed and drafter rounds with their drafts accepted per round (copy+drafter: the
    drafter's acceptance where copy drafting missed), and the number of requests whose
@@ -82,7 +84,7 @@ def run_modes(args, modes, prompts, temps) -> dict:
     speed on the H200 machine drifts by up to 2x within a call (the same pure-Python step
     setup measured 0.039 and 0.089 ms, bench/results/h200-2026-11-30e/), so every mode must
     see every phase alike. A repeat of a category is every prompt once per mode."""
-    llms = {m: LLM(args.engine, speculative=m, max_num_seqs=1,
+    llms = {m: LLM(args.engine, speculative=m, max_num_seqs=args.streams,
                    max_model_len=args.max_model_len, device=args.device,
                    drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
                    drafter_gate=args.drafter_gate, cpu_affinity=args.cpu_affinity,
@@ -104,25 +106,28 @@ def run_modes(args, modes, prompts, temps) -> dict:
         for cat in dict.fromkeys(p.category for p in prompts):
             ids = [prompt_ids(first, p, args.template) for p in prompts if p.category == cat]
             runs: dict = {m: [[] for _ in range(args.repeats)] for m in modes}
+            batches = [[one] for one in ids] if args.streams == 1 else [ids]
             for r in range(args.repeats):
-                for one in ids:
+                for batch in batches:
                     order = modes[turn % len(modes):] + modes[:turn % len(modes)]
                     turn += 1
                     for m in order:
-                        runs[m][r].append(timed_run(llms[m], [one], params))
+                        runs[m][r].append(timed_run(llms[m], batch, params))
             for m in modes:
                 out[m][temp][cat] = summarize_runs([merge_runs(x) for x in runs[m]], ids)
     return out
 
 
 def timed_run(llm, ids: list[list[int]], params) -> tuple:
-    """Generate prompts once (one stream at a time): (outputs, tokens, wall seconds, decode
-    tokens, decode seconds from `RequestMetrics`)."""
+    """Generate prompts once (the LLM's max_num_seqs at a time): (outputs, tokens, wall
+    seconds, decode tokens, decode seconds from `RequestMetrics`; 0 when the prompts ran
+    together: their decode times overlap)."""
     t0 = time.perf_counter()
     res = llm.generate(ids, params)
     dt = time.perf_counter() - t0
     dec_n = sum(r.metrics.num_generated_tokens - 1 for r in res)
-    dec_t = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
+    dec_t = 0.0 if len(ids) > 1 and llm.engine.args.max_num_seqs > 1 else sum(
+        r.metrics.total_time_s - r.metrics.time_to_first_token_s for r in res)
     return res, sum(len(r.token_ids) for r in res), dt, dec_n, dec_t
 
 
@@ -200,21 +205,24 @@ def offline_acceptance(args, results) -> dict:
     return out
 
 
-def report(results, offline) -> None:
+def report(results, offline, streams: int = 1) -> None:
+    """The tables of the module docstring; streams > 1: tokens/s over the batches' wall
+    time instead of decode tokens/s."""
+    speed, label = ("decode_tokens_per_s", "decode tok/s (tau)") if streams == 1 else \
+        ("tokens_per_s", f"tok/s over the wall time, {streams} streams (tau)")
     for temp, cats in offline.items():
         print(f"\n== temperature {temp}: drafter acceptance on the target's own output")
         print(f"{'category':<15}{'round 3':>9}{'round 4':>9}   position 1/2/3/4 agreement")
         for cat, a in cats.items():
             print(f"{cat:<15}{a['accepted_per_round_3']!s:>9}{a['accepted_per_round_4']!s:>9}"
                   f"   {' / '.join(f'{x:.3f}' for x in a['agreement'])}")
-        print(f"{'category':<15}" + "".join(f"{m:>14}" for m in MODES) +
-              "   decode tok/s (tau)")
+        print(f"{'category':<15}" + "".join(f"{m:>14}" for m in MODES) + "   " + label)
         for cat in cats:
             cells = []
             for m in MODES:
                 r = results[m][float(temp)][cat]
                 tau = f"{r['tau']:.2f}" if r["tau"] else "-"
-                cells.append(f"{r['decode_tokens_per_s'] or 0:7.1f} ({tau})")
+                cells.append(f"{r[speed] or 0:7.1f} ({tau})")
             print(f"{cat:<15}" + "".join(f"{c:>14}" for c in cells))
         print("by source (first run): target passes; copy accepted/proposed; drafter rounds, "
               "drafts accepted per round")
@@ -267,6 +275,9 @@ def parser() -> argparse.ArgumentParser:
                     help="folder with spec_bench_question.jsonl and human_eval.jsonl.gz")
     ap.add_argument("--repeats", type=int, default=1,
                     help="time each category this many times; report the median speed")
+    ap.add_argument("--streams", type=int, default=1, metavar="N",
+                    help="serve a category's prompts N at a time (max_num_seqs = N); N > 1 "
+                         "reports tokens/s over each batch's wall time")
     ap.add_argument("--isolated", type=int, default=0, metavar="K",
                     help="also time --isolated-modes with one engine per process, K rounds")
     ap.add_argument("--isolated-modes", nargs="+", choices=MODES,
@@ -284,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--repeats: must be >= 1, got {args.repeats}")
     if args.isolated < 0:
         ap.error(f"--isolated: must be >= 0, got {args.isolated}")
+    if args.streams < 1:
+        ap.error(f"--streams: must be >= 1, got {args.streams}")
+    if args.streams > 1 and args.isolated:
+        ap.error("--isolated: times one stream at a time (leave --streams at 1)")
     if args.one_mode and not args.json:
         ap.error("--one-mode needs --json")
     sampling.FUSED_SAMPLER = args.sampler == "fused"
@@ -300,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                 off = results["off"][temp][cat]["token_ids"]
                 r["mismatches_vs_off"] = sum(a != b for a, b in zip(r["token_ids"], off))
     offline = offline_acceptance(args, results)
-    report(results, offline)
+    report(results, offline, args.streams)
     bad = sum(r["mismatches_vs_off"] for m in MODES for c in results[m].values()
               for r in c.values())
     print(f"\nrequests that differ from speculative='off': {bad} (must be 0)")
