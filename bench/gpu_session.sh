@@ -67,6 +67,11 @@
 #   PART=st bash bench/gpu_session.sh   the in-process chat + German eval with the prompts
 #       served 4, then 8 at a time (--streams; 8 prompts each, greedy and T = 0.8, medians of
 #       3) (~4 min).                                             carry: engines/carry-b.tar.xz
+#   PART=cc bash bench/gpu_session.sh   chained rounds after copy-drafted steps too (the new
+#       default) against after drafter steps only: the timeline (8 German prompts) and the
+#       paired split (chat + German, 4 rounds) with copy, copy+drafter/chain-misses and
+#       copy+drafter/chain-copy in one process; the in-process chat + German eval (8 prompts,
+#       greedy and T = 0.8, medians of 2) (~6 min).             carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -273,6 +278,19 @@ case "${PART:-}" in
         --json "$OUT/streams$n.json"
     done
     pack st
+    ;;
+  cc)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    M=(copy copy+drafter/chain-misses copy+drafter/chain-copy)
+    step timeline8 150 python3 bench/gpu_timeline.py --engine engines/mini-h200 \
+      --prompts-file "$P" --modes "${M[@]}" --categories translation --per-category 8 \
+      --max-tokens 192 --warm-runs 1 --rounds 2 --out "$OUT/timeline8"
+    step paired 150 python3 bench/paired_split.py --engine engines/mini-h200 --prompts-file "$P" \
+      --modes "${M[@]}" --per-category 4 --max-tokens 192 --warm-runs 1 --rounds 4 --out "$OUT"
+    evalmini eval 170 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
+    pack cc
     ;;
   ps)
     unpack carry-b

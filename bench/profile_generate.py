@@ -194,6 +194,9 @@ def timed_split(llm, ids, params) -> dict:
 # into the history), no-taps (no taps computed; no sink), no-draft-put (the deferred drafts
 # not put in by the graphs).
 VARIANTS = ("no-rounds", "no-sink", "no-taps", "no-draft-put")
+# MODE/chain-copy, MODE/chain-misses: the engine's chained rounds after every step, or only
+# after steps without copy drafts (`LLMEngine.chain_after_copy`), whatever the default
+POLICIES = {"chain-copy": True, "chain-misses": False}
 
 
 @contextmanager
@@ -227,9 +230,11 @@ def timed_mode(args, mode: str, prompts: list):
     the drafter mode's machinery; "/no-rounds+no-taps" etc.: VARIANTS. ValueError for an
     unknown variant."""
     base, _, variant = mode.partition("/")
-    parts = set(variant.split("+")) - {""}
+    policy = POLICIES.get(variant)
+    parts = set() if policy is not None else set(variant.split("+")) - {""}
     if parts - set(VARIANTS) or (parts and "no-rounds" not in parts):
-        raise ValueError(f"mode {mode!r}: variants are no-rounds[+{'|'.join(VARIANTS[1:])}]")
+        raise ValueError(f"mode {mode!r}: variants are no-rounds[+{'|'.join(VARIANTS[1:])}] "
+                         f"or one of {list(POLICIES)}")
     with _graph_variant(parts):
         llm = LLM(args.engine, speculative=base, max_num_seqs=1, device=args.device,
                   drafter_attention=args.drafter_attention, drafter_gate=args.drafter_gate,
@@ -238,6 +243,8 @@ def timed_mode(args, mode: str, prompts: list):
                   cpu_affinity=args.cpu_affinity)
         if "no-rounds" in parts:
             llm.engine.speculator.gate.decide = lambda request_ids: set()
+        if policy is not None:
+            llm.engine.chain_after_copy = policy
         ids, params = _inputs(args, llm, prompts)
         llm.generate(ids, SamplingParams(max_tokens=2))
         for _ in range(args.warm_runs):

@@ -38,6 +38,9 @@ from .step_drafts import chain_items, deferred_slots, taps_dst
 from .step_verification import TokenReader, verify_step
 
 
+CHAIN_AFTER_COPY = True   # chained rounds after copy-drafted steps too (`chain_items`)
+
+
 @dataclass(frozen=True)
 class StepOutput:
     """What one step did for one request: the tokens it committed and the text they freed."""
@@ -108,6 +111,7 @@ class LLMEngine:
             self.runner.use_taps_sink(h.history, h.spare)
         self.tap_layers = proposer.drafter.config.target_layer_ids if proposer else ()
         self.stats = SpecMetrics()
+        self.chain_after_copy = CHAIN_AFTER_COPY   # `step_drafts.chain_items` (benches flip it)
         self._step_mark: float | None = None     # end of the last timed step (perf_counter)
         if isinstance(self.runner, PluginRunner) and self.runner.use_graphs:
             self.runner.capture_all(self.tap_layers)
@@ -228,7 +232,8 @@ class LLMEngine:
         else:
             logits, taps, on_device = self._forward_deferred(meta, scheduled, extra, deferred,
                                                              sink)
-        chain = chain_items(scheduled, extra, drafts) if self.speculator.chain_rounds else None
+        chain = chain_items(scheduled, extra, drafts, self.chain_after_copy) \
+            if self.speculator.chain_rounds else None
         verdicts = self._verify_all([it.seq for it in scheduled if it.samples], logits, extra,
                                     on_device, chain)
         outputs = []

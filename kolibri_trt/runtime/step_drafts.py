@@ -39,12 +39,16 @@ def deferred_slots(scheduled: list[ScheduledSeq], extra: dict[str, list[int]],
 
 
 def chain_items(scheduled: list[ScheduledSeq], extra: dict[str, list[int]],
-                drafts: dict[str, tuple[list[int], list[str]]]
+                drafts: dict[str, tuple[list[int], list[str]]], after_copy: bool = True
                 ) -> list[tuple[str, int, int, int]] | None:
     """The streams of a step that get a chained round (`Speculator.chain`): (request id,
-    first row, start position, drafts) of each stream whose step had no copy drafts (its
-    copy lookup missed: the next one likely misses too), when every stream of the step is in
-    decode and samples (so that token rows are logits rows); else None."""
+    first row, start position, drafts) of each stream, when every stream of the step is in
+    decode and samples (so that token rows are logits rows); else None. after_copy False:
+    only streams whose step had no copy drafts (their copy lookup missed, the next one
+    likely misses too); True: copy-drafted streams too, so that a stream whose next lookup
+    misses finds its round done, and its drafter state never lags behind its tokens (a
+    round it does not take is dropped, its GPU time spent while the host prepares the next
+    step)."""
     if not all(item.samples and item.num_tokens == 1 for item in scheduled):
         return None
     out, first = [], 0
@@ -52,7 +56,7 @@ def chain_items(scheduled: list[ScheduledSeq], extra: dict[str, list[int]],
         rid = item.seq.request_id
         k = len(extra.get(rid, ()))
         sources = drafts.get(rid, ([], []))[1]
-        if not sources or sources[0].startswith("drafter"):
+        if after_copy or not sources or sources[0].startswith("drafter"):
             out.append((rid, first, item.start, k))
         first += 1 + k
     return out or None
