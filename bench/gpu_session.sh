@@ -72,6 +72,9 @@
 #       paired split (chat + German, 4 rounds) with copy, copy+drafter/chain-misses and
 #       copy+drafter/chain-copy in one process; the in-process chat + German eval (8 prompts,
 #       greedy and T = 0.8, medians of 2) (~6 min).             carry: engines/carry-b.tar.xz
+#   PART=fz bash bench/gpu_session.sh   the final figures of this code: PART zu's README table,
+#       then the in-process chat + German eval (8 prompts, greedy, medians of 3) (~5 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -291,6 +294,14 @@ case "${PART:-}" in
     evalmini eval 170 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack cc
+    ;;
+  fz)
+    unpack carry-b
+    evalmini acceptance 280 --per-category 4 --humaneval 4 --max-tokens 192 --repeats 3 \
+      --json "$OUT/eval_h200.json"
+    evalmini greedy 150 --categories mt_bench translation --humaneval 0 --max-tokens 192 \
+      --per-category 8 --repeats 3 --temperatures 0 --json "$OUT/eval_greedy.json"
+    pack fz
     ;;
   ps)
     unpack carry-b
