@@ -259,9 +259,8 @@ class LLMEngine:
         return outputs
 
     def _taps_dst(self, scheduled, extra: dict[str, list[int]]) -> list[int] | None:
-        """Where the step's taps go in the drafter's history (`step_drafts.taps_dst`), when
-        the target's runner writes them there itself (its taps sink is the current
-        proposer's history); else None (the taps come back to `observe`)."""
+        """Where the step's taps go in the drafter's history (`step_drafts.taps_dst`) when the
+        runner's taps sink is that history; else None (the taps come back to `observe`)."""
         prop = self.speculator.drafter if self.speculator.needs_taps else None
         if not isinstance(prop, PluginDrafterProposer) \
                 or getattr(self.runner, "taps_sink", None) is not prop.runner.history:
@@ -270,10 +269,9 @@ class LLMEngine:
 
     def _forward_deferred(self, meta, scheduled, extra: dict[str, list[int]],
                           deferred: DeferredDrafts, sink: dict):
-        """The target pass with the drafter's drafts taken from the device (`extra` holds
-        zeros for them; `_verify_all` reads the real ones). sink: `runner.forward`'s
-        taps_dst, if any. Returns `runner.forward`'s (logits, taps) and (the drafts, int64
-        [S, n] on the device; request id -> offset of its row in them flattened)."""
+        """The target pass with the drafter's drafts read on the device (`extra` holds zeros
+        for them); sink: `runner.forward`'s taps_dst, if any. Returns its (logits, taps) and
+        (the drafts, int64 [S, n] on the device; request id -> its row's flat offset)."""
         dst, src, row_of = deferred_slots(scheduled, extra, deferred)
         deferred.ready_here()
         logits, taps = self.runner.forward(meta, self.tap_layers,
@@ -281,10 +279,9 @@ class LLMEngine:
         return logits, taps, (deferred.drafts, row_of)
 
     def _time_step(self, drafted: bool, copy_only: bool) -> None:
-        """The drafter gate's clock and the next round's prefetch: a step lasts from the end of
-        the previous one (so its prefetched round's launch counts in the step that uses it)
-        to now; steps after an idle engine are not timed. drafted, copy_only: whether the
-        step verified drafter drafts, or copy drafts only (`Speculator.record_step`)."""
+        """The drafter gate's clock (a step lasts from the end of the previous one to now;
+        not after an idle engine; drafted, copy_only: `Speculator.record_step`'s) and the
+        next round's prefetch, whose launch so counts in the step that uses it."""
         now = time.perf_counter()
         if self._step_mark is not None:
             self.speculator.record_step(now - self._step_mark, drafted, copy_only)
@@ -310,8 +307,8 @@ class LLMEngine:
         return self.speculator.propose_all(self._draft_items())
 
     def _draft_items(self) -> list[tuple[str, list[int], int]]:
-        """(request id, prompt + output tokens, room for drafts) of every running stream past
-        its prefill: what `Speculator.propose_all` / `prefetch` take."""
+        """(request id, prompt + output tokens, room for drafts) per running stream past its
+        prefill (`Speculator.propose_all` / `prefetch`)."""
         items = []
         for seq in self.scheduler.running:
             if seq.num_pending != 1:
