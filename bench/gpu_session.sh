@@ -75,6 +75,10 @@
 #   PART=fz bash bench/gpu_session.sh   the final figures of this code: PART zu's README table,
 #       then the in-process chat + German eval (8 prompts, greedy, medians of 3) (~5 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=tr bash bench/gpu_session.sh   the drafter's taps read by its GEMV's row index (no
+#       gathers): gpu_drafter parity + graphs, graph_kernels (German), the in-process chat +
+#       German eval (8 prompts, greedy and T = 0.8, medians of 2) (~4 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -302,6 +306,17 @@ case "${PART:-}" in
     evalmini greedy 150 --categories mt_bench translation --humaneval 0 --max-tokens 192 \
       --per-category 8 --repeats 3 --temperatures 0 --json "$OUT/eval_greedy.json"
     pack fz
+    ;;
+  tr)
+    unpack carry-b
+    P=engines/prompts/spec_bench_question.jsonl
+    step drafter 90 python3 bench/gpu_drafter.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file "$P" --only parity graphs
+    step kernels 90 python3 bench/graph_kernels.py --engine engines/mini-h200 \
+      --prompts-file "$P" --category translation --out "$OUT/kernels"
+    evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
+    pack tr
     ;;
   ps)
     unpack carry-b

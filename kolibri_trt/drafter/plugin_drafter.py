@@ -180,13 +180,14 @@ class DrafterPlugin:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_tokens)
 
-    def fuse_taps(self, taps: torch.Tensor) -> torch.Tensor:
+    def fuse_taps(self, taps: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """taps bf16 [N, n_taps, Ht] -> fused [N, H]: one norm per tap (its own gain; a row of
         `ops.rms_norm` bit for bit on CPU), the taps side by side, then `fuse`: one `fp8_gemv`
-        launch (its norm prologue over n_taps segments)."""
+        launch (its norm prologue over n_taps segments). rows (int64 [N]): taps is a table
+        (the taps history) and row i is taps[rows[i]], gathered by the GEMV's loads."""
         n, k, ht = taps.shape
         return self.fuse(taps.reshape(n, k * ht), norm=self.tap_gain_cat,
-                         eps=self.config.rms_norm_eps, norm_segments=k)
+                         eps=self.config.rms_norm_eps, norm_segments=k, x_rows=rows)
 
     def _write_context(self, ring: DrafterRing, rows_x: torch.Tensor, rope: torch.Tensor,
                        slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -209,15 +210,17 @@ class DrafterPlugin:
     @torch.no_grad()
     def commit(self, ring: DrafterRing, taps: torch.Tensor, next_ids: torch.Tensor,
                slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-               rope: torch.Tensor) -> None:
+               rope: torch.Tensor, taps_rows: torch.Tensor | None = None) -> None:
         """Write N context rows into the ring: row i is position positions[i] of the stream in
         ring slot slots[i], ctx = fc(cat(fuse(taps[i]), E[next_ids[i]])), every layer's K/V.
 
         taps bf16 [N, n_taps, Ht]; next_ids, slots, positions, rows int64 [N] (device): rows
         = positions % R, the ring rows; rope fp32 [N, 2, 2, D/2]: the positions' rotation
         tables (rows of `rope_table`); rows and table rows come from the host
-        (`DrafterRunner`). Padding rows: slot = ring.trash, position -1 (any row, any table)."""
-        ctx = self.fc(torch.cat([self.fuse_taps(taps), self.embed(next_ids)], -1))
+        (`DrafterRunner`). Padding rows: slot = ring.trash, position -1 (any row, any table).
+        taps_rows (int64 [N]): taps is the taps history and row i's taps are taps[taps_rows[i]]
+        (`fuse_taps`: no gather of its own)."""
+        ctx = self.fc(torch.cat([self.fuse_taps(taps, taps_rows), self.embed(next_ids)], -1))
         self._write_context(ring, ctx, rope, slots, rows)
         ring.pos[slots, rows] = positions
 
@@ -225,7 +228,8 @@ class DrafterPlugin:
     @torch.no_grad()
     def propose(self, ring: DrafterRing, taps: torch.Tensor, next_ids: torch.Tensor,
                 slots: torch.Tensor, index: RoundIndex, length: int | None = None,
-                logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                logits: bool = True, taps_rows: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`depth` passes for S streams (`KolibriBlockDrafter.propose_cached`).
 
         taps bf16 [S, n_taps, Ht]: the anchors' taps; next_ids int64 [S]: t_{p+1}; slots int64
@@ -235,12 +239,13 @@ class DrafterPlugin:
         bound > every position the round touches, or None: all R). Returns drafts int64
         [S, depth*B] (target ids) and fp32 logits [S, depth*B, Vd], written in place by the
         passes; logits=False: None, the argmax reads the head's own output (no fp32 copy; the
-        same drafts). Provisional rows stay in the ring (masked later)."""
+        same drafts). Provisional rows stay in the ring (masked later). taps_rows (int64 [S]):
+        taps is the taps history, stream s's taps are taps[taps_rows[s]] (`fuse_taps`)."""
         c = self.config
-        s, b, h = taps.shape[0], c.block_size, c.hidden_size
+        s, b, h = next_ids.shape[0], c.block_size, c.hidden_size
         depth = index.pos.shape[0]
         length = ring.size if length is None else length
-        fused = self.fuse_taps(taps)
+        fused = self.fuse_taps(taps, taps_rows)
         mask = self.mask_embedding.expand(s, h)
         tail = torch.stack([self.embed(next_ids), mask])                       # [2, S, H]
         first = self.fc(torch.cat([fused.expand(2, s, h), tail], -1).view(2 * s, 2 * h))

@@ -8,8 +8,8 @@ Both take their taps rows from the taps history `history` (bf16 [slots * W + spa
 n_taps, Ht], W = `history_rows` = context_window + step_tokens rows per ring slot; position q
 of the stream in slot s is row s * W + q % W; the spare rows, from `spare` on, take a
 target step's padding): the target's passes write it (inside their graphs:
-`PluginRunner.use_taps_sink`; or `write_history` from a taps tensor), each step gathers its
-rows by index inside its graph, so a round copies no taps. A pass of at most step_tokens
+`PluginRunner.use_taps_sink`; or `write_history` from a taps tensor), each step's taps GEMV
+reads its rows by index (`DrafterPlugin.fuse_taps`), so a round copies no taps. A pass of at most step_tokens
 tokens per stream overwrites only positions more than context_window behind its first one,
 which no later round reads (a commit reaches at most context_window back). The int64 indices
 of both steps live in one static buffer `idx` [6, max_commit + depth * max_s * B], columns:
@@ -292,12 +292,12 @@ class DrafterRunner:
         st[2, :self.depth * s_b] = pos[:, :, 0].reshape(-1)
 
     def _commit_step(self, n_b: int):
-        """The graphed commit of bucket n_b: the history rows and RoPE rows gathered, then
-        `DrafterPlugin.commit` over the staged indices (`_stage_commit`)."""
+        """The graphed commit of bucket n_b: the RoPE rows gathered, then `DrafterPlugin.commit`
+        over the staged indices (`_stage_commit`), its taps read from the history by row."""
         i = self.c_idx
-        taps = self.history.index_select(0, i[3, :n_b])
         rope = self.rope.index_select(0, i[5, :n_b])                  # [N_b, 2, 2, D/2]
-        self.model.commit(self.ring, taps, i[0, :n_b], i[1, :n_b], i[2, :n_b], i[4, :n_b], rope)
+        self.model.commit(self.ring, self.history, i[0, :n_b], i[1, :n_b], i[2, :n_b],
+                          i[4, :n_b], rope, taps_rows=i[3, :n_b])
         return None
 
     def _both_steps(self, n_b: int, s_b: int, length: int, logits: bool = False):
@@ -306,18 +306,17 @@ class DrafterRunner:
         return self._round_step(s_b, length, logits)
 
     def _round_step(self, s_b: int, length: int, logits: bool = False):
-        """The graphed round of bucket (s_b, length): the history rows and every pass's RoPE
-        rows gathered (one index_select each), then `DrafterPlugin.propose` over the staged
-        indices (`_stage_round`). Returns its (drafts, logits or None); the drafts also go
-        into `drafts_out`."""
+        """The graphed round of bucket (s_b, length): every pass's RoPE rows gathered (one
+        index_select), then `DrafterPlugin.propose` over the staged indices (`_stage_round`),
+        its taps read from the history by row. Returns its (drafts, logits or None); the
+        drafts also go into `drafts_out`."""
         i, d, b = self.r_idx, self.depth, self.model.config.block_size
         n = d * s_b * b
         rope = self.rope.index_select(0, i[4, :n]).view(d, s_b * b, *self.rope.shape[1:])
         index = RoundIndex(i[2, :d * s_b].view(d, s_b), i[4, :n].view(d, s_b, b),
                            i[5, :n].view(d, s_b, b), rope)
-        taps = self.history.index_select(0, i[3, :s_b])
-        drafts, out = self.model.propose(self.ring, taps, i[0, :s_b], i[1, :s_b], index, length,
-                                         logits)
+        drafts, out = self.model.propose(self.ring, self.history, i[0, :s_b], i[1, :s_b], index,
+                                         length, logits, taps_rows=i[3, :s_b])
         self.drafts_out[:drafts.numel()].view_as(drafts).copy_(drafts)
         return drafts, out
 
