@@ -18,7 +18,7 @@ and ring length).
 It equals the round `PluginDrafterProposer.launch` would stage after the step for the same
 streams (`_collect`: commit rows kv_end .. p - 1, next ids tokens[q + 1]) when the stream's
 last round was anchored at start - 1 (kv_end = start - 1), which the proposer checks. One
-graph per (commit bucket, stream bucket, ring length) holds the device prologue (this file),
+graph per (commit bucket, stream bucket, ring length) holds the device prologue (`chain_index`),
 `DrafterPlugin.commit` and `DrafterPlugin.propose` (`DrafterRunner._commit_step`,
 `_round_step`). Host work per chained round: one upload of 5 ints per stream, one device copy
 (the target's own tokens into a static buffer; the input ids are read where the target's
@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from kolibri_trt_plugins import chain_index
-
+from kolibri_trt_plugins.chain_index import FIELDS, chain_index  # FIELDS: ints per stream
 from .drafter_runner import MIN_COMMIT, DrafterRunner, _pow2
-
-FIELDS = 5   # per stream: first row in the step, drafts, start position, ring slot, valid
 
 
 class ChainedRound:
