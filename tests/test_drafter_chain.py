@@ -179,3 +179,23 @@ def test_chain_reads_bound_inputs_in_place(engines):
         results.append(a.propose_batch([("x", toks + [11, 40])]))
         assert a.rounds_chained == 1
     assert results[0] == results[1]
+
+
+def test_chain_items_after_copy_or_misses_only():
+    """`step_drafts.chain_items`: each stream's (id, first row, start, drafts); after_copy
+    False leaves out the streams with copy drafts; a step with a prefill chunk chains none."""
+    from kolibri_trt.runtime.scheduler import ScheduledSeq
+    from kolibri_trt.runtime.sequence import Sequence
+    from kolibri_trt.runtime.step_drafts import chain_items
+
+    seqs = [Sequence(f"r{i}", [1, 2, 3, 4], SamplingParams()) for i in range(3)]
+    sched = [ScheduledSeq(q, 3, 1) for q in seqs]
+    extra = {"r0": [5, 6], "r1": [7, 8, 9]}
+    drafts = {"r0": ([5, 6], ["copy", "copy"]),
+              "r1": ([7, 8, 9], ["drafter_row0", "drafter_rows1+", "drafter_rows1+"])}
+    every = chain_items(sched, extra, drafts, after_copy=True)
+    assert every == [("r0", 0, 3, 2), ("r1", 3, 3, 3), ("r2", 7, 3, 0)]
+    assert chain_items(sched, extra, drafts, after_copy=False) == [("r1", 3, 3, 3),
+                                                                     ("r2", 7, 3, 0)]
+    prefill = [ScheduledSeq(seqs[0], 0, 3)] + sched[1:]
+    assert chain_items(prefill, extra, drafts) is None
