@@ -82,6 +82,10 @@
 #   PART=zu bash bench/gpu_session.sh   the README's acceptance table (every category, 4
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=kt bash bench/gpu_session.sh   kernel tuning (~9 min, no engine): gpu_check nvfp4 + moe
+#       (the NVFP4 GEMV's scale rows now load as 16-byte cp.async copies), bench/nvfp4_tune.py
+#       (heads x M x launch settings, bits against the defaults), bench/moe_pipeline.py
+#       --breakdown (MoE launch settings per M, then its kernels under the profiler).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -317,6 +321,12 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kt)
+    step check 110 python3 bench/gpu_check.py --only nvfp4,moe
+    step nvfp4 250 python3 bench/nvfp4_tune.py --out "$OUT"
+    step moe 200 python3 bench/moe_pipeline.py --out "$OUT" --breakdown
+    pack kt
     ;;
   ps)
     unpack carry-b

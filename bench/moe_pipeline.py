@@ -2,16 +2,16 @@
 """The MoE expert GEMM's launch settings on the H200, full Kolibri-1 MoE shapes (E = 256, top-6,
 H = 2560, I = 768, one shared expert). One call:
 
-    python3 bench/moe_pipeline.py [--out DIR]
+    python3 bench/moe_pipeline.py [--out DIR] [--breakdown]
 
-Per M in 1, 4, 16, 64: moe_forward at num_stages 3 and 4, N tile widths by tokens
-(moe_experts.TILE_N) and one wider setting, BLOCK_K 128 (the default since
-bench/results/h200-2026-11-30h/zp/: AOT at M=64 80 KB and 255 registers per program), 256 and 64; time as bench/plugins.py (one CUDA graph over
-rotated input sets, median of 5 x 20 replays), bytes = router + distinct experts + shared + x/y,
-TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit for bit with
-the file's defaults (neither setting changes a dot or its K order). At 331f6de the script also
-ran the old loop order (row tiles inside the K loop, not pipelined): bench/results/
-h200-2026-11-30g/zh/moe_pipeline.log.
+Per M in 1, 4, 16, 64: moe_forward at the file's defaults and at other num_stages, num_warps,
+N tile widths (narrower than moe_experts.TILE_N) and BLOCK_K; time as bench/plugins.py (one CUDA
+graph over rotated input sets, median of 5 x 20 replays), bytes = router + distinct experts +
+shared + x/y, TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit
+for bit with the file's defaults (no setting changes a dot or its K order). --breakdown: then,
+per M, the defaults' kernels under torch.profiler (µs per moe_forward call, by kernel name);
+it runs last, since a profiler run slows the process's later CUDA calls. Earlier variant lists
+(stages 3/4, wider tiles, BLOCK_K 256): bench/results/h200-2026-11-30h/zp/moe_pipeline.log.
 """
 
 from __future__ import annotations
@@ -36,21 +36,48 @@ from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 E, H, INTER, TOPK = 256, 2560, 768, 6
 DEFAULT_TILES = dict(ME.TILE_N)
-WIDE = {True: ((ME.MAX_TOKENS, 64),), False: ((ME.MAX_TOKENS, 128),)}  # gate_up 64, down 128
-# (num_stages, TILE_N override or None = the file's, BLOCK_K); the first is the file's default
-VARIANTS = [(3, None, 128), (4, None, 128), (3, WIDE, 128), (3, None, 256), (3, None, 64)]
+NARROW = {True: ((32, 16), (ME.MAX_TOKENS, 64)), False: ((4, 32), (ME.MAX_TOKENS, 128))}
+# (num_stages, TILE_N override or None = the file's, BLOCK_K, num_warps); the first is the
+# file's default
+VARIANTS = [(3, None, 128, 4), (5, None, 128, 4), (8, None, 128, 4), (3, NARROW, 128, 4),
+            (5, NARROW, 128, 4), (3, None, 128, 2), (5, None, 128, 2), (5, None, 64, 4),
+            (8, None, 64, 4)]
+PROFILED = 10   # graph replays under the profiler (--breakdown)
 
 
 def apply(v):
-    ns, tiles, block_k = v
+    ns, tiles, block_k, warps = v
     ME.BLOCK_K = block_k
-    ME.TUNE.update(num_warps=4, num_stages=ns)
+    ME.TUNE.update(num_warps=warps, num_stages=ns)
     ME.TILE_N = tiles or DEFAULT_TILES
+
+
+def breakdown(xs, wts) -> dict:
+    """µs per moe_forward call by kernel name: one graph of the calls over xs, PROFILED replays
+    under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.cuda.CUDAGraph()
+    for x in xs:
+        moe_forward(x, *wts, top_k=TOPK)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        for x in xs:
+            moe_forward(x, *wts, top_k=TOPK)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            g.replay()
+        torch.cuda.synchronize()
+    calls = PROFILED * len(xs)
+    return {e.key[:60]: getattr(e, "device_time_total", 0) / calls
+            for e in prof.key_averages() if getattr(e, "device_time_total", 0) > 0}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,15 +99,25 @@ def main():
                 print(f"M={M:2d} {v}: FAILED {str(exc)[:300]}", flush=True)
                 continue
             tbs = nbytes / us / 1e6
-            rows.append(dict(M=M, stages=v[0], wide=v[1] is not None, block_k=v[2], us=us,
-                             MB=nbytes / 1e6, TBs=tbs, pct=100 * tbs * 1e12 / PT.BW,
-                             bits_equal=same))
-            print(f"M={M:2d} stages={v[0]} tiles={'wide' if v[1] else 'file'} block_k={v[2]}"
-                  f" {us:8.1f} us {nbytes / 1e6:7.1f} MB {tbs:5.2f} TB/s "
-                  f"{100 * tbs * 1e12 / PT.BW:5.1f}%  bits == default: {same}", flush=True)
+            rows.append(dict(M=M, stages=v[0], narrow=v[1] is not None, block_k=v[2],
+                             warps=v[3], us=us, MB=nbytes / 1e6, TBs=tbs,
+                             pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))
+            print(f"M={M:2d} stages={v[0]} tiles={'narrow' if v[1] else 'file'} "
+                  f"block_k={v[2]} warps={v[3]} {us:8.1f} us {nbytes / 1e6:7.1f} MB "
+                  f"{tbs:5.2f} TB/s {100 * tbs * 1e12 / PT.BW:5.1f}%  bits == default: {same}",
+                  flush=True)
     apply(VARIANTS[0])
+    if args.breakdown:
+        for M in (1, 4, 16, 64):
+            xs = [torch.randn((M, H), device=PT.DEV).bfloat16() for _ in range(8)]
+            parts = breakdown(xs, wts)
+            rows.append(dict(M=M, breakdown=parts))
+            print(f"breakdown M={M:2d}: total {sum(parts.values()):.1f} us per call | "
+                  + " | ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items(),
+                                                                   key=lambda r: -r[1])),
+                  flush=True)
     (out / "moe_pipeline.json").write_text(json.dumps(rows, indent=1))
-    return 0 if all(r["bits_equal"] for r in rows) else 1
+    return 0 if all(r.get("bits_equal", True) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -52,12 +52,15 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 
 
 @jit
-def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m, eps,
+def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m, sw_n, ss_n, eps,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                        MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
                        NORM: tl.constexpr = False):
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
-    # feed two dots, so the packed bytes are never interleaved in registers.
+    # feed two dots, so the packed bytes are never interleaved in registers. sw_n = K/2 and
+    # ss_n = K/16 are the weight and scale row strides as arguments: the JIT marks them
+    # divisible by 16, so the scale rows load as 16-byte cp.async copies (with K // 16 computed
+    # here Triton knows no alignment and loads them byte by byte, unpipelined; AOT sm_90 SASS).
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -74,12 +77,12 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
                                     1 if NORM else 0, 1, False)
     for k0 in range(0, K, BLOCK_K):
         kb = k0 // 2 + tl.arange(0, HB)
-        kmask = kb < K // 2
-        wq = tl.load(w_ptr + n64[:, None] * (K // 2) + kb[None, :],
+        kmask = kb < sw_n
+        wq = tl.load(w_ptr + n64[:, None] * sw_n + kb[None, :],
                      mask=nmask[:, None] & kmask[None, :], other=0)
         ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        bs = tl.load(ws_ptr + n64[:, None] * (K // 16) + ks[None, :],
-                     mask=nmask[:, None] & (ks < K // 16)[None, :], other=0.0)
+        bs = tl.load(ws_ptr + n64[:, None] * ss_n + ks[None, :],
+                     mask=nmask[:, None] & (ks < ss_n)[None, :], other=0.0)
         sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
         sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, HB))
         lo, hi = _e2m1_pairs_to_e4m3(wq, USE_ASM)
@@ -190,7 +193,7 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
     grid = (cdiv(N, block_n_for(N)), cdiv(M, ROWS * mt))
     extra = {} if norm is None else dict(enable_fp_fusion=False)   # torch's separate roundings
     launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y,
-           x if norm is None else norm, M, N, K, x.stride(0), float(eps),
+           x if norm is None else norm, M, N, K, x.stride(0), K // 2, K // 16, float(eps),
            BLOCK_N=block_n_for(N), BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt, USE_ASM=not interpret,
            DOT_F32=interpret, NORM=norm is not None, interpret=interpret, **extra, **TUNE)
     return y
