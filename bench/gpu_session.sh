@@ -86,6 +86,10 @@
 #       (the NVFP4 GEMV's scale rows now load as 16-byte cp.async copies), bench/nvfp4_tune.py
 #       (heads x M x launch settings, bits against the defaults), bench/moe_pipeline.py
 #       --breakdown (MoE launch settings per M, then its kernels under the profiler).
+#   PART=kd bash bench/gpu_session.sh   the weight decodes by bit placement (DECODE 2 in
+#       fp8_gemv, moe_experts, nvfp4_gemv; ~10 min, no engine): gpu_check of those kernels on the
+#       new defaults, bench/decode_ab.py (DECODE 1 / 2 / 1, bits compared), then
+#       bench/plugins.py --only gemv,moe (the table on the new defaults).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -321,6 +325,12 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kd)
+    step check 150 python3 bench/gpu_check.py --only nvfp4,fp8gemv,fp8fused,moe,splitk
+    step ab 260 python3 bench/decode_ab.py --out "$OUT"
+    step plugins 170 python3 bench/plugins.py --only gemv,moe --csv "$OUT/plugins.csv"
+    pack kd
     ;;
   kt)
     step check 110 python3 bench/gpu_check.py --only nvfp4,moe

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._split_k import k_range, num_splits, sum_splits
+from ._e4m3_decode import e4m3_to_bf16
 from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
 from .add_rms_norm import add_rms_norm_ref
 
@@ -44,6 +45,7 @@ SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+DECODE = 2          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2 bit placement (_e4m3_decode)
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
@@ -59,7 +61,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                      SUB_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                      DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
                      NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
-                     X_ROWS: tl.constexpr = False):
+                     X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1):
     """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
@@ -94,7 +96,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             wf = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // SUB_K, SUB_K)) * bs[:, :, None]
             wb = tl.reshape(wf, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
         else:
-            wb = w.to(tl.bfloat16)
+            wb = e4m3_to_bf16(w, DECODE)
         w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
         for t in tl.static_range(MT):
             m = m0 + t * ROWS + rows
@@ -294,6 +296,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
             0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps))
     meta = dict(MODE=scale_mode(weight, weight_scale), BLOCK_N=bn, BLOCK_K=BLOCK_K,
                 SUB_K=SUB_K, ROWS=ROWS, MT=mt, DOT_F32=interpret, NORM=nseg,
+                DECODE=1 if interpret else DECODE,
                 NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,
                 **extra, **TUNE)
     if split == 1:

@@ -24,6 +24,7 @@ import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
 from ._split_k import k_range, num_splits, sum_splits
+from ._e4m3_decode import e4m3_to_bf16
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
@@ -40,6 +41,7 @@ BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS F
 TILES_BY_TOKENS = True
 TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128))}  # gated?
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+DECODE = 2   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2 bit placement (_e4m3_decode)
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
@@ -82,7 +84,7 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
-               SPLIT: tl.constexpr):
+               SPLIT: tl.constexpr, DECODE: tl.constexpr):
     """Row tile t of one expert on this program's n-tile: its own pass over the weight tile.
     The K loop holds no branch, so Triton pipelines its loads (cp.async, 2 buffers at
     num_stages 3). With the row tiles inside the K loop (before 2026-11-30g) the branch around
@@ -102,7 +104,7 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
             kx = k0 + tl.arange(0, BLOCK_K)
             wm = nmask[:, None] & (kx < k_in)[None, :]
             wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
-            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else wg.to(tl.bfloat16))
+            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wg, DECODE))
             xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
                          mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
             if DOT_F32:
@@ -111,7 +113,7 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
             if GATED:
                 wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :],
                              mask=wm, other=0.0)
-                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else wu.to(tl.bfloat16))
+                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wu, DECODE))
                 up = tl.dot(xt, wu, up)
         _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s, sp_s,
                     sp_g, TOPK, GATED, ROWS, M_P, K_P, SPLIT)
@@ -144,7 +146,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
           M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
-          DOT_F32: tl.constexpr, SPLIT: tl.constexpr):
+          DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(1) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per 16-row tile."""
     n_out = tl.where(is_shared, N_SH, N)
@@ -162,7 +164,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
         for t in tl.static_range(MT):
             _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE)
 
 
 @jit
@@ -171,7 +173,8 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
-                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+                       DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
+                       DECODE: tl.constexpr = 1):
     """Program (u, n-tile[, K range]): unit u runs only if its expert first appears at u (or u is
     the shared expert). SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at
     +sp_g, slot stride so_s); program_id(2) is the K range."""
@@ -184,7 +187,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE)
 
 
 @jit
@@ -246,7 +249,8 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
-                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret, interpret=interpret, **TUNE)
+                U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
+                DECODE=1 if interpret else DECODE, interpret=interpret, **TUNE)
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
