@@ -72,11 +72,15 @@ def _tile_rows(ids_ptr, e, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexp
 
 
 @jit
-def _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK: tl.constexpr, M_P: tl.constexpr,
-              K_P: tl.constexpr, ROWS: tl.constexpr):
-    """Input-row offsets, validity and the expert's token count for tile t (hoisted out of K)."""
-    tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
-    return tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s, valid, count
+def _rows(ids_ptr, e, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
+          K_P: tl.constexpr, ROWS: tl.constexpr, ONE: tl.constexpr):
+    """`_tile_rows`; ONE (a chunk of one token): unit u is slot u of token 0 and its expert
+    appears once (top-k picks distinct experts), so row 0 of tile 0 is the only row: no scan."""
+    if ONE:
+        jj = t * ROWS + tl.arange(0, ROWS)
+        return (tl.zeros([ROWS], tl.int32), tl.zeros([ROWS], tl.int32) + tl.program_id(0),
+                jj == 0, 1)
+    return _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
 
 
 @jit
@@ -84,14 +88,16 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
-               SPLIT: tl.constexpr, DECODE: tl.constexpr):
+               SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr):
     """Row tile t of one expert on this program's n-tile: its own pass over the weight tile.
     The K loop holds no branch, so Triton pipelines its loads (cp.async, 2 buffers at
     num_stages 3). With the row tiles inside the K loop (before 2026-11-30g) the branch around
     each tile's dots kept Triton from pipelining (AOT for sm_90: no cp.async); H200, same bits:
     M=1 50.3 -> 41.5 µs, M=16 239.7 -> 202.1, M=64 821.5 -> 719.9 (bench/moe_pipeline.py). A
     second row tile re-reads the weights (mostly from L2): only experts with > ROWS tokens."""
-    arow, valid, count = _tile_src(ids_ptr, e, M, t, is_shared, sa_m, sa_s, TOPK, M_P, K_P, ROWS)
+    # the tile's rows, once: the input-row offsets here, the output rows in _store_tile
+    tok, tslot, valid, count = _rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS, ONE)
+    arow = tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s
     if count > t * ROWS:
         if SPLIT == 1:
             k_lo = 0
@@ -115,17 +121,19 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                              mask=wm, other=0.0)
                 wu = tl.trans(wu.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wu, DECODE))
                 up = tl.dot(xt, wu, up)
-        _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s, sp_s,
-                    sp_g, TOPK, GATED, ROWS, M_P, K_P, SPLIT)
+        if M_P > ROWS:  # several row tiles: recomputed (kept live, they cost registers: AOT
+            #             sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
+            tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
+                                                  ROWS)
+        _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
+                    GATED, SPLIT)
 
 
 @jit
-def _store_tile(ids_ptr, o_ptr, e, is_shared, g, up, scale, n, nmask, t, M, so_s, sp_s, sp_g,
-                TOPK: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr, M_P: tl.constexpr,
-                K_P: tl.constexpr, SPLIT: tl.constexpr):
-    """Write row tile t's outputs: unscaled partials (SPLIT > 1), bf16 silu(s·g)·(s·up) (GATED)
-    or fp32 s·g."""
-    tok, tslot, valid, _c = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
+def _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g,
+                TOPK: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr):
+    """Write a row tile's outputs (rows tok, slots tslot, where valid): unscaled partials
+    (SPLIT > 1), bf16 silu(s·g)·(s·up) (GATED) or fp32 s·g."""
     orow = (tok.to(tl.int64) * (TOPK + 1) + tslot) * so_s
     omask = valid[:, None] & nmask[None, :]
     if SPLIT > 1:  # unscaled partials of K range program_id(2)
@@ -146,7 +154,8 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
           M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
-          DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr):
+          DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
+          ONE: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(1) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per 16-row tile."""
     n_out = tl.where(is_shared, N_SH, N)
@@ -164,7 +173,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
         for t in tl.static_range(MT):
             _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT, DECODE)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
 
 
 @jit
@@ -174,20 +183,23 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
-                       DECODE: tl.constexpr = 1):
+                       DECODE: tl.constexpr = 1, ONE: tl.constexpr = False):
     """Program (u, n-tile[, K range]): unit u runs only if its expert first appears at u (or u is
     the shared expert). SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at
-    +sp_g, slot stride so_s); program_id(2) is the K range."""
+    +sp_g, slot stride so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
     u = tl.program_id(0)
     is_shared = u == M * TOPK
-    uu = tl.arange(0, U_P)
-    prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
     e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
-    first = tl.sum((prev == e).to(tl.int32), 0) == 0
+    if ONE:
+        first = True
+    else:
+        uu = tl.arange(0, U_P)
+        prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
+        first = tl.sum((prev == e).to(tl.int32), 0) == 0
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
 
 
 @jit
@@ -250,7 +262,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
-                DECODE=1 if interpret else DECODE, interpret=interpret, **TUNE)
+                DECODE=1 if interpret else DECODE, ONE=M == 1, interpret=interpret, **TUNE)
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
