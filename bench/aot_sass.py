@@ -36,7 +36,7 @@ PRESETS = {
         x_ptr="*bf16", w_ptr="*u8", ws_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16",
         g_ptr="*bf16", M="i32", N="i32", K="i32", sx_m="i32", sw_n="i32", ss_n="i32", eps="fp32",
         BLOCK_N=64,
-        BLOCK_K=256, ROWS=16, MT=1, USE_ASM=2, DOT_F32=False, NORM=False),
+        BLOCK_K=256, ROWS=16, MT=1, USE_ASM=True, DOT_F32=False, NORM=False),
         ("x_ptr", "w_ptr", "ws_ptr", "gs_ptr", "y_ptr", "g_ptr", "N", "K", "sx_m", "sw_n",
          "ss_n")),
     "moe_gate_up": ("moe_experts", "_moe_expert_kernel", dict(

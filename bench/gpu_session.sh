@@ -87,9 +87,13 @@
 #       (heads x M x launch settings, bits against the defaults), bench/moe_pipeline.py
 #       --breakdown (MoE launch settings per M, then its kernels under the profiler).
 #   PART=kd bash bench/gpu_session.sh   the weight decodes by bit placement (DECODE 2 in
-#       fp8_gemv, moe_experts, nvfp4_gemv; ~10 min, no engine): gpu_check of those kernels on the
+#       fp8_gemv, moe_experts; ~10 min, no engine): gpu_check of those kernels on the
 #       new defaults, bench/decode_ab.py (DECODE 1 / 2 / 1, bits compared), then
 #       bench/plugins.py --only gemv,moe (the table on the new defaults).
+#   PART=kf bash bench/gpu_session.sh   after PART kd (~10 min, no engine): gpu_check moe +
+#       fp8gemv (a one-token MoE chunk skips its id scans), bench/gemv_tune.py --kernels fp8
+#       (N tile x row tiles per program at 16-64 rows), bench/moe_pipeline.py --defaults-only
+#       --breakdown, then bench/fullsize.py --parts decode (whole 50-layer steps).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -325,6 +329,13 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kf)
+    step check 100 python3 bench/gpu_check.py --only moe,fp8gemv
+    step gemv 150 python3 bench/gemv_tune.py --kernels fp8 --out "$OUT"
+    step moe 90 python3 bench/moe_pipeline.py --out "$OUT" --defaults-only --breakdown
+    step fullsize 220 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 190
+    pack kf
     ;;
   kd)
     step check 150 python3 bench/gpu_check.py --only nvfp4,fp8gemv,fp8fused,moe,splitk

@@ -2,7 +2,7 @@
 """The MoE expert GEMM's launch settings on the H200, full Kolibri-1 MoE shapes (E = 256, top-6,
 H = 2560, I = 768, one shared expert). One call:
 
-    python3 bench/moe_pipeline.py [--out DIR] [--breakdown]
+    python3 bench/moe_pipeline.py [--out DIR] [--breakdown] [--defaults-only]
 
 Per M in 1, 4, 16, 64: moe_forward at the file's defaults and at other num_stages, num_warps,
 N tile widths (narrower than moe_experts.TILE_N) and BLOCK_K; time as bench/plugins.py (one CUDA
@@ -78,6 +78,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--defaults-only", action="store_true", help="time the defaults alone")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,7 @@ def main():
         nbytes = moe_bytes(xs, wts[0], E, H, INTER, TOPK)
         apply(VARIANTS[0])
         base = [moe_forward(x, *wts, top_k=TOPK) for x in xs]
-        for v in VARIANTS:
+        for v in VARIANTS[:1] if args.defaults_only else VARIANTS:
             apply(v)
             try:
                 same = all(torch.equal(moe_forward(x, *wts, top_k=TOPK), b)

@@ -29,14 +29,15 @@ ROWS = 16        # activation rows per dot
 MAX_TILES = 4    # up to 64 activation rows per program (weights read once for them)
 BLOCK_K = 256
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-DECODE = 2       # GPU weight decode: 1 e4m3 bytes -> f16 -> bf16, 2 bf16 byte tables (same bits)
 
 
 # e2m1 nibble -> e4m3 byte with the same bits in the same places: magnitude bits (e1 e0 m0) go to
 # e4m3 bits 4..2 (low exponent bits + top mantissa bit), sign to bit 7. Both formats have the
 # same subnormal structure, so the e4m3 value is exactly e2m1 * 2^-6 (0.5 -> e4m3 subnormal).
 # Four bytes (eight nibbles) per 32-bit register in 9 instructions (inline PTX below; the
-# interpreter takes the equivalent uint8 expressions).
+# interpreter takes the equivalent uint8 expressions). Tried and removed (2026-11-30): e2m1 ->
+# bf16 through prmt byte tables and a bf16 scale product, no conversion-unit instructions, the
+# same bits: 0.76x the speed at M = 1-16 (bench/decode_ab.py, bench/results/h200-2026-11-30k/kd/).
 @jit
 def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
     """uint8 [.., n] packed e2m1 pairs -> (low nibbles, high nibbles) as e4m3 bytes = value·2^-6."""
@@ -50,34 +51,6 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
         lo = ((wq << 2) & 0x1C) | ((wq << 4) & 0x80)
         hi = ((wq >> 2) & 0x1C) | (wq & 0x80)
     return lo.to(tl.float8e4nv, bitcast=True), hi.to(tl.float8e4nv, bitcast=True)
-
-
-# DECODE 2: e2m1 straight to bf16 through byte tables (prmt), the block scale multiplied in bf16.
-# Magnitude code c (3 bits) -> bf16 high byte HI[c] and low byte LO[c] of {0, .5, 1, 1.5, 2, 3,
-# 4, 6}; the sign bit is or-ed in; e2m1·e4m3 has <= 6 significant bits, so the bf16 product is
-# exact and equals DECODE 1's (e4m3 bytes, f16 product, f16 -> f32 -> bf16). 23 instructions per
-# eight weights against about 29 (AOT sm_90 SASS: the f16 -> bf16 step alone took 1.5 per weight).
-# (tests/plugins/test_nvfp4_decode.py runs the PTX below through a small emulator.)
-
-
-@jit
-def _e2m1_pairs_to_bf16(wq, sc):
-    """uint8 [.., n] packed e2m1 pairs, bf16 [.., n] block scales -> (low nibbles·sc, high
-    nibbles·sc) as bf16 (exact); PTX only (the interpreter takes DECODE 0)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 s, t, h0, l0, h1, l1, q, u, ha, hb, la, lb, m; "
-        "mov.b32 ha, 0x3F3F3F00; mov.b32 hb, 0x40404040; mov.b32 la, 0xC0800000; "
-        "mov.b32 lb, 0xC0804000; mov.b32 m, 0x80008000; "
-        "and.b32 s, $4, 0x77777777; shr.b32 t, s, 16; "
-        "prmt.b32 h0, ha, hb, s; prmt.b32 l0, la, lb, s; "
-        "prmt.b32 h1, ha, hb, t; prmt.b32 l1, la, lb, t; shl.b32 u, $4, 4; "
-        "prmt.b32 $0, l0, h0, 0x6240; prmt.b32 q, u, u, 0x1000; lop3.b32 $0, $0, q, m, 0xF8; "
-        "prmt.b32 $1, l1, h1, 0x6240; prmt.b32 q, u, u, 0x3020; lop3.b32 $1, $1, q, m, 0xF8; "
-        "prmt.b32 $2, l0, h0, 0x7351; prmt.b32 q, $4, $4, 0x1000; lop3.b32 $2, $2, q, m, 0xF8; "
-        "prmt.b32 $3, l1, h1, 0x7351; prmt.b32 q, $4, $4, 0x3020; lop3.b32 $3, $3, q, m, 0xF8; "
-        "mul.rn.bf16x2 $0, $0, $5; mul.rn.bf16x2 $1, $1, $6; "
-        "mul.rn.bf16x2 $2, $2, $5; mul.rn.bf16x2 $3, $3, $6; }",
-        "=r,=r,=r,=r,r,r,r", [wq, sc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
 @jit
@@ -112,18 +85,11 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
         ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
         bs = tl.load(ws_ptr + n64[:, None] * ss_n + ks[None, :],
                      mask=nmask[:, None] & (ks < ss_n)[None, :], other=0.0)
-        if USE_ASM == 2:   # DECODE 2: bf16 tables, bf16 scale product
-            sc = bs.to(tl.bfloat16)
-            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
-                            (BLOCK_N, HB))
-            w_lo, w_hi = _e2m1_pairs_to_bf16(wq, sc)
-        else:              # e4m3 bytes, f16 product (exact), then bf16
-            sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
-            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
-                            (BLOCK_N, HB))
-            lo, hi = _e2m1_pairs_to_e4m3(wq, USE_ASM == 1)
-            w_lo = (lo.to(tl.float16) * sc).to(tl.bfloat16)  # <= 6 significant bits: exact
-            w_hi = (hi.to(tl.float16) * sc).to(tl.bfloat16)
+        sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
+        sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, HB))
+        lo, hi = _e2m1_pairs_to_e4m3(wq, USE_ASM)
+        w_lo = (lo.to(tl.float16) * sc).to(tl.bfloat16)  # e2m1·e4m3: <= 6 significant bits, exact
+        w_hi = (hi.to(tl.float16) * sc).to(tl.bfloat16)
         if DOT_F32:
             w_lo = w_lo.to(tl.float32)
             w_hi = w_hi.to(tl.float32)
@@ -237,8 +203,7 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
     extra = {} if norm is None else dict(enable_fp_fusion=False)   # torch's separate roundings
     launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y,
            x if norm is None else norm, M, N, K, x.stride(0), K // 2, K // 16, float(eps),
-           BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt,
-           USE_ASM=0 if interpret else DECODE,
+           BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt, USE_ASM=not interpret,
            DOT_F32=interpret, NORM=norm is not None, interpret=interpret, **extra, **TUNE)
     return y
 

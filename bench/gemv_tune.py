@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""The NVFP4 GEMV's launch settings on the H200, full Kolibri-1 head shapes. One call:
+"""The GEMVs' launch settings on the H200, full Kolibri-1 shapes. One call:
 
-    python3 bench/nvfp4_tune.py [--out DIR] [--quick]
+    python3 bench/gemv_tune.py [--kernels nvfp4,fp8] [--out DIR] [--quick]
 
-Per head (LM head 131072 x 2560 at M = 1, 16, 64; drafter head slice 60614 x 2560 at M = 1,
-16) the file's defaults, then BLOCK_N_MAX x MAX_TILES x num_warps x num_stages (GRID). Time as bench/plugins.py (one CUDA graph
+nvfp4: per head (LM head 131072 x 2560 at M = 1, 16, 64; drafter head slice 60614 x 2560 at
+M = 1, 16) the file's defaults, then BLOCK_N x MAX_TILES x num_warps x num_stages (GRID).
+fp8: fp8_gemv at QKV 3584 x 2560 and o_proj 2560 x 2560 (per-tensor scale) and the drafter's
+7680 x 2560 (1x64 block scales), M = 16, 32, 64: BLOCK_N_MAX x MAX_TILES (FP8_GRID; MAX_TILES 1
+re-reads a weight tile once per 16 rows, from L2 when the matrix fits there). Time as bench/plugins.py (one CUDA graph
 over rotated weight sets, median of 5 x 20 replays); bytes = packed weights + block scales +
 x + y; TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit for bit
 with the defaults' (none changes a dot's K order: the N tile groups output columns, MAX_TILES
-groups 16-row tiles). The JSON (``nvfp4_tune.json``) holds every row.
+groups 16-row tiles). The JSON (``gemv_tune.json``) holds every row.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ import plugin_timing as PT  # noqa: E402
 from gpu_check import load_plugins  # noqa: E402
 
 load_plugins()
+from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 
 NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
+F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
+FP8_GRID = ([32, 64], [1, 2, 4])    # BLOCK_N_MAX, MAX_TILES
 K = 2560
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
 # per M: the grid of (BLOCK_N_MAX, MAX_TILES, num_warps, num_stages) tried
@@ -42,8 +49,38 @@ DRAFTER_GRID = {1: GRID[16], 16: GRID[16]}   # the drafter head serves 1-16 rows
 
 
 def apply(bn: int, mt: int, warps: int, stages: int) -> None:
-    NV.BLOCK_N_MAX, NV.MAX_TILES = bn, mt
+    NV.BLOCK_N_MAX = NV.BLOCK_N_ONE_TILE = bn
+    NV.MAX_TILES = mt
     NV.TUNE.update(num_warps=warps, num_stages=stages)
+
+
+def fp8_rows(rows: list) -> None:
+    """fp8_gemv: each FP8_SHAPES matrix at M = 16, 32, 64 over FP8_GRID, bits vs the defaults."""
+    default = (F8.BLOCK_N_MAX, F8.MAX_TILES)
+    for name, n, mode in FP8_SHAPES:
+        ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
+               torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
+               else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
+        for m in (16, 32, 64):
+            x = torch.randn((m, K), device=PT.DEV).bfloat16()
+            nbytes = n * K + m * (n + K) * 2
+            base = fp8_gemv(x, *ws[0])
+            for v in [default] + [c for c in itertools.product(*FP8_GRID) if c != default]:
+                F8.BLOCK_N_MAX, F8.MAX_TILES = v
+                try:
+                    same = torch.equal(fp8_gemv(x, *ws[0]), base)
+                    us = PT.time_calls([lambda w=w: fp8_gemv(x, *w) for w in ws])
+                finally:
+                    F8.BLOCK_N_MAX, F8.MAX_TILES = default
+                pct = 100 * nbytes / (us * 1e-6) / PT.BW
+                rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_n_max=v[0],
+                                 max_tiles=v[1], us=us, pct=pct, bits_equal=same,
+                                 default=v == default))
+                print(f"fp8 {name:12s} M={m:2d} bn={v[0]:3d} tiles={v[1]} {us:8.1f} us "
+                      f"{pct:5.1f}%  bits == default: {same}"
+                      f"{'  (default)' if v == default else ''}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
 
 
 def weights(n: int, sets: int):
@@ -56,19 +93,27 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--kernels", default="nvfp4,fp8")
     args = ap.parse_args()
+    kernels = args.kernels.split(",")
+    if set(kernels) - {"nvfp4", "fp8"}:
+        ap.error(f"--kernels: nvfp4 and/or fp8, got {args.kernels}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    default = (NV.BLOCK_N_MAX, NV.MAX_TILES, NV.TUNE["num_warps"], NV.TUNE["num_stages"])
+    saved = (NV.BLOCK_N_MAX, NV.BLOCK_N_ONE_TILE, NV.MAX_TILES, dict(NV.TUNE))
     rows = []
-    for name, n in HEADS:
+    if "fp8" in kernels:
+        fp8_rows(rows)
+    for name, n in HEADS if "nvfp4" in kernels else ():
         wbytes = n * K // 2 + n * K // 16
         ws = weights(n, PT.sets_for(wbytes))
         grids = QUICK if args.quick else (GRID if name == "lm_head" else DRAFTER_GRID)
         for m, grid in grids.items():
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             nbytes = wbytes + m * (K + n) * 2
+            default = (saved[1] if m <= NV.ROWS else saved[0], saved[2],
+                       saved[3]["num_warps"], saved[3]["num_stages"])
             apply(*default)
             base = nvfp4_gemv(x, *ws[0])
             for v in [default] + [c for c in itertools.product(*grid) if c != default]:
@@ -79,6 +124,8 @@ def main() -> int:
                 except Exception as exc:  # one variant's failure must not hide the others
                     print(f"{name} M={m} {v}: FAILED {str(exc)[:300]}", flush=True)
                     continue
+                finally:
+                    apply(*default)
                 tbs = nbytes / us / 1e6
                 rows.append(dict(head=name, M=m, block_n_max=v[0], max_tiles=v[1], warps=v[2],
                                  stages=v[3], us=us, MB=nbytes / 1e6, TBs=tbs,
@@ -90,17 +137,18 @@ def main() -> int:
                       f"{'  (default)' if v == default else ''}", flush=True)
         del ws
         torch.cuda.empty_cache()
-    apply(*default)
+    NV.BLOCK_N_MAX, NV.BLOCK_N_ONE_TILE, NV.MAX_TILES = saved[:3]
+    NV.TUNE.update(saved[3])
     for name, _ in HEADS:
         for m in GRID:
-            mine = [r for r in rows if r["head"] == name and r["M"] == m]
+            mine = [r for r in rows if r.get("head") == name and r["M"] == m]
             if mine:
                 best = min(mine, key=lambda r: r["us"])
                 cur = next((r["us"] for r in mine if r["default"]), float("nan"))
                 print(f"BEST {name} M={m}: {best['us']:.1f} us (default {cur:.1f}) "
                       f"bn={best['block_n_max']} tiles={best['max_tiles']} "
                       f"warps={best['warps']} stages={best['stages']}", flush=True)
-    (out / "nvfp4_tune.json").write_text(json.dumps(rows, indent=1))
+    (out / "gemv_tune.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1
 
 
