@@ -40,7 +40,11 @@ from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
-MAX_TILES = 4
+# 16-row tiles per program. One: at 32 and 64 rows each tile's program re-reads the weight
+# tile, from L2, and more programs run (H200, bench/gemv_tune.py, bench/results/h200-2026-11-30k/
+# kf/): QKV M=64 25.5 -> 22.1 µs, o_proj 23.7 -> 20.3, drafter 7680x2560 52.4 -> 48.6; M=32
+# 16.7 -> 14.7; the same bits (a tile's rows and K order do not change).
+MAX_TILES = 1
 SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
