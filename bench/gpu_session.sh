@@ -94,6 +94,10 @@
 #       fp8gemv (a one-token MoE chunk skips its id scans), bench/gemv_tune.py --kernels fp8
 #       (N tile x row tiles per program at 16-64 rows), bench/moe_pipeline.py --defaults-only
 #       --breakdown, then bench/fullsize.py --parts decode (whole 50-layer steps).
+#   PART=kg bash bench/gpu_session.sh   after PART kf (~9 min, no engine): gpu_check moe, fp8gemv,
+#       fp8fused, splitk (MoE: later row tiles count before they scan, the shared expert's
+#       programs first; fp8_gemv one row tile per program), moe_pipeline --defaults-only
+#       --breakdown, bench/plugins.py --only attn,gemv,moe (the table), fullsize decode.
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -329,6 +333,13 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kg)
+    step check 170 python3 bench/gpu_check.py --only moe,fp8gemv,fp8fused,splitk
+    step moe 60 python3 bench/moe_pipeline.py --out "$OUT" --defaults-only --breakdown
+    step plugins 200 python3 bench/plugins.py --only attn,gemv,moe --csv "$OUT/plugins.csv"
+    step fullsize 120 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 100
+    pack kg
     ;;
   kf)
     step check 100 python3 bench/gpu_check.py --only moe,fp8gemv

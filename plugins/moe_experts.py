@@ -1,17 +1,17 @@
 """Grouped FP8 expert GEMM for small batches: reads only the selected experts, each once.
 
-One launch covers the routed experts and the shared one. Program (u, n-tile): unit u < M·k is the
-(token, slot) pair u of ``ids`` [M, k]; it runs only if its expert id appears for the first time
-at u (row-major), and then serves every token that picked that expert: one pass over the
-expert's weight tile per 16 of its tokens (almost always one). Unit M·k is the shared expert
-(all tokens, slot k).
+One launch covers the routed experts and the shared one. Program (n-tile, u): unit 0 is the
+shared expert (all tokens, slot k), unit u > 0 the (token, slot) pair r = u - 1 of ``ids``
+[M, k]; it runs only if its expert id appears for the first time at r (row-major), and then
+serves every token that picked that expert: one pass over the expert's weight tile per 16 of
+its tokens (almost always one). Without a shared expert, unit u is pair u.
 - GATED (gate_up): w [E, 2N, K] (rows 0..N-1 gate_proj, N..2N-1 up_proj), input x [M, K];
   writes act[m, slot, :N] = bf16(silu(s_e·x·gateᵀ) · (s_e·x·upᵀ)).
 - not GATED (down): w [E, N, K], input act[m, slot, :K]; writes out[m, slot, :N] = fp32 s_e·act·wᵀ.
 Weights e4m3 with one fp32 scale per expert (shared/spec/kolibri-1.md, plugins/LAYOUTS.md).
 Batch invariance: 16-row dot tiles, fixed K order; a token's rows never mix with other tokens'.
 
-Split-K (``split_k_for``; default 1 = the single-pass kernel): program (u, n-tile, s) walks K range
+Split-K (``split_k_for``; default 1 = the single-pass kernel): program (n-tile, u, s) walks K range
 s (plugins/_split_k.py) and stores unscaled fp32 partials [S, G, M, k+1, Np] (G = 2: gate, up;
 G = 1: down); ``_moe_split_combine_kernel`` sums them in the order s = 0..S-1 and applies the
 expert scale (and silu(gate)·up), writing the same act / out rows. S is a function of the layer
@@ -72,61 +72,96 @@ def _tile_rows(ids_ptr, e, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexp
 
 
 @jit
-def _rows(ids_ptr, e, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
+def _rows(ids_ptr, e, r, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
           K_P: tl.constexpr, ROWS: tl.constexpr, ONE: tl.constexpr):
-    """`_tile_rows`; ONE (a chunk of one token): unit u is slot u of token 0 and its expert
-    appears once (top-k picks distinct experts), so row 0 of tile 0 is the only row: no scan."""
+    """`_tile_rows`; ONE (a chunk of one token): routed unit r is slot r of token 0 and its
+    expert appears once (top-k picks distinct experts), so row 0 of tile 0 is the only row:
+    no scan."""
     if ONE:
         jj = t * ROWS + tl.arange(0, ROWS)
-        return (tl.zeros([ROWS], tl.int32), tl.zeros([ROWS], tl.int32) + tl.program_id(0),
-                jj == 0, 1)
+        slot = tl.where(is_shared, TOPK, r)
+        return tl.zeros([ROWS], tl.int32), tl.zeros([ROWS], tl.int32) + slot, jj == 0, 1
     return _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
 
 
 @jit
-def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+def _expert_count(ids_ptr, e, M, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
+                  K_P: tl.constexpr):
+    """Tokens of the chunk that picked expert e (M for the shared expert)."""
+    mm = tl.arange(0, M_P)
+    kk = tl.arange(0, K_P)
+    ids = tl.load(ids_ptr + mm[:, None] * TOPK + kk[None, :],
+                  mask=(mm < M)[:, None] & (kk < TOPK)[None, :], other=-1)
+    has = tl.sum((ids == e).to(tl.int32), 1) > 0
+    return tl.where(is_shared, M, tl.sum(has.to(tl.int32), 0))
+
+
+@jit
+def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
                SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr):
-    """Row tile t of one expert on this program's n-tile: its own pass over the weight tile.
+    """Row tile t (a compile-time constant) of one expert on this program's n-tile. Tile 0
+    always has rows; a later tile first counts the expert's tokens and scans for its rows only
+    when it has some (an expert rarely has more than 16 tokens: at 64 tokens most programs
+    skipped three row scans)."""
+    if t == 0:
+        tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P, ROWS,
+                                         ONE)
+        _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+                   M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED, BLOCK_N,
+                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE)
+    else:
+        if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P) > t * ROWS:
+            tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
+                                             ROWS, ONE)
+            _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
+                       t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
+                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE)
+
+
+@jit
+def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+               M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK: tl.constexpr,
+               GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               ROWS: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
+               DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr):
+    """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
     The K loop holds no branch, so Triton pipelines its loads (cp.async, 2 buffers at
     num_stages 3). With the row tiles inside the K loop (before 2026-11-30g) the branch around
     each tile's dots kept Triton from pipelining (AOT for sm_90: no cp.async); H200, same bits:
     M=1 50.3 -> 41.5 µs, M=16 239.7 -> 202.1, M=64 821.5 -> 719.9 (bench/moe_pipeline.py). A
     second row tile re-reads the weights (mostly from L2): only experts with > ROWS tokens."""
-    # the tile's rows, once: the input-row offsets here, the output rows in _store_tile
-    tok, tslot, valid, count = _rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS, ONE)
     arow = tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s
-    if count > t * ROWS:
-        if SPLIT == 1:
-            k_lo = 0
-            k_hi = k_in
-        else:
-            k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
-        g = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        up = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kx = k0 + tl.arange(0, BLOCK_K)
-            wm = nmask[:, None] & (kx < k_in)[None, :]
-            wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
-            wg = tl.trans(wg.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wg, DECODE))
-            xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
-                         mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
-            if DOT_F32:
-                xt = xt.to(tl.float32)
-            g = tl.dot(xt, wg, g)
-            if GATED:
-                wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :],
-                             mask=wm, other=0.0)
-                wu = tl.trans(wu.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wu, DECODE))
-                up = tl.dot(xt, wu, up)
-        if M_P > ROWS:  # several row tiles: recomputed (kept live, they cost registers: AOT
-            #             sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
-            tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
-                                                  ROWS)
-        _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
-                    GATED, SPLIT)
+    if SPLIT == 1:
+        k_lo = 0
+        k_hi = k_in
+    else:
+        k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
+    g = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    up = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        wm = nmask[:, None] & (kx < k_in)[None, :]
+        wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
+        wg = tl.trans(wg.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wg, DECODE))
+        xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
+                     mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
+        if DOT_F32:
+            xt = xt.to(tl.float32)
+        g = tl.dot(xt, wg, g)
+        if GATED:
+            wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :],
+                         mask=wm, other=0.0)
+            wu = tl.trans(wu.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wu, DECODE))
+            up = tl.dot(xt, wu, up)
+    if M_P > ROWS:  # several row tiles: the rows again (kept live across the loop they cost
+        #             registers: AOT sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
+        tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
+                                              ROWS)
+    _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
+                GATED, SPLIT)
 
 
 @jit
@@ -150,18 +185,18 @@ def _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp
 
 
 @jit
-def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
+def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared,
           M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
           ONE: tl.constexpr):
-    """One expert (e, or the shared one) on n-tile program_id(1) (K range program_id(2)):
+    """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per 16-row tile."""
     n_out = tl.where(is_shared, N_SH, N)
     k_in = tl.where(is_shared, K_SH, K)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if tl.program_id(1) * BLOCK_N < n_out:
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if tl.program_id(0) * BLOCK_N < n_out:
         rows_w = 2 * n_out if GATED else n_out
         if is_shared:
             wb = shw_ptr
@@ -171,7 +206,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared,
             scale = tl.load(ws_ptr + e)
         nmask = n < n_out
         for t in tl.static_range(MT):
-            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
                        M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
 
@@ -183,21 +218,26 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
-                       DECODE: tl.constexpr = 1, ONE: tl.constexpr = False):
-    """Program (u, n-tile[, K range]): unit u runs only if its expert first appears at u (or u is
-    the shared expert). SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at
-    +sp_g, slot stride so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
-    u = tl.program_id(0)
-    is_shared = u == M * TOPK
-    e = tl.load(ids_ptr + u, mask=u < M * TOPK, other=-1)
+                       DECODE: tl.constexpr = 1, ONE: tl.constexpr = False,
+                       SHARED: tl.constexpr = True):
+    """Program (n-tile, u[, K range]). SHARED: unit 0 is the shared expert and unit u > 0 the
+    (token, slot) pair r = u - 1 of ids (else r = u): the shared expert's programs, which
+    pass over the weights once per 16 tokens, are the first the GPU starts (the grid's
+    program_id(0) runs fastest). Routed unit r runs only if its expert first appears at r.
+    SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
+    so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
+    u = tl.program_id(1)
+    is_shared = (u == 0) & SHARED
+    r = u - 1 if SHARED else u
+    e = tl.load(ids_ptr + r, mask=(r >= 0) & (r < M * TOPK), other=-1)
     if ONE:
         first = True
     else:
         uu = tl.arange(0, U_P)
-        prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(u, M * TOPK), other=-1)
+        prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(r, M * TOPK), other=-1)
         first = tl.sum((prev == e).to(tl.int32), 0) == 0
     if first | is_shared:
-        _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, is_shared, M, N, K,
+        _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
               MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
 
@@ -249,7 +289,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     a: bf16 input rows (x [M, K] with sa_s = 0, or act [M, k+1, K] with sa_s = its slot stride);
     ids: int32 [M, k]; w: e4m3 [E, 2n|n, K]; ws: fp32 [E]; shw: e4m3 [1, 2n_sh|n_sh, K] or None;
     shs: fp32 [1]; out: bf16 act [M, k+1, >= n] (gated) or fp32 [M, k+1, >= n] (down).
-    With split_k_for(...) > 1: the expert kernel over (units, n-tiles, S), then the combine.
+    With split_k_for(...) > 1: the expert kernel over (n-tiles, units, S), then the combine.
     """
     M, topk = ids.shape
     if M > MAX_TOKENS:
@@ -257,12 +297,13 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     units = M * topk + (1 if shw is not None else 0)
     bn = block_n_for(n, gated, M)
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
-    grid = (units, cdiv(max(n, n_sh_eff), bn))
+    grid = (cdiv(max(n, n_sh_eff), bn), units)
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
                 M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
-                DECODE=1 if interpret else DECODE, ONE=M == 1, interpret=interpret, **TUNE)
+                DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
+                interpret=interpret, **TUNE)
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
