@@ -19,7 +19,7 @@ from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
 
 # Launch settings per layer kind (each fixed: PART and BLOCK_N set the reduction order, which
 # must not depend on the batch). Sliding layers (window > 0: at most window + q keys, 2-3
-# partitions per stream) keep the first H200 sweep's settings (plugins/NOTES.md, v2).
+# partitions per stream) keep the first H200 sweep's settings (plugins/NOTES_HISTORY.md, v2).
 PART = 256  # positions per split, sliding layers
 BLOCK_N = 64  # keys per inner step, sliding layers
 TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/plugins.py sweeps it)

@@ -9,7 +9,7 @@ Split-KV: each program takes one partition of PART positions of one (stream, KV 
 query rows = the GQA group's heads, so one decoded tile serves all of them); attn_combine merges
 the partitions in a fixed order (batch invariant).
 
-v4 (plugins/NOTES.md): the head dim is split by nibble, d = 2i (low nibble of byte i) and 2i+1
+v4 (plugins/NOTES_HISTORY.md): the head dim is split by nibble, d = 2i (low nibble of byte i) and 2i+1
 (high): q·c = q_even·c_lo + q_odd·c_hi and P·V = [P·v_lo, P·v_hi], so a [keys, 64] byte tile is
 decoded in place (no join/reshape, 16-byte loads) into two [keys, 64] fp16 MMA operands. Key codes
 keep their 1024 bias (fp16 0x64nn = 1024 + nn; the MMA accumulator starts at -1024·Σq); value codes
