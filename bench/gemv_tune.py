@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The GEMVs' launch settings on the H200, full Kolibri-1 shapes. One call:
 
-    python3 bench/gemv_tune.py [--kernels nvfp4,fp8] [--out DIR] [--quick]
+    python3 bench/gemv_tune.py [--kernels nvfp4,fp8,router] [--out DIR] [--quick]
 
 nvfp4: per head (LM head 131072 x 2560 at M = 1, 16, 64; drafter head slice 60614 x 2560 at
 M = 1, 16) the file's defaults, then BLOCK_N x MAX_TILES x num_warps x num_stages (GRID).
 fp8: fp8_gemv at QKV 3584 x 2560 and o_proj 2560 x 2560 (per-tensor scale) and the drafter's
-7680 x 2560 (1x64 block scales), M = 16, 32, 64: BLOCK_N_MAX x MAX_TILES (FP8_GRID; MAX_TILES 1
-re-reads a weight tile once per 16 rows, from L2 when the matrix fits there). Time as bench/plugins.py (one CUDA graph
+7680 x 2560 (1x64 block scales), M = 1, 16, 64: BLOCK_K x num_stages (FP8_GRID: bytes in flight
+per program). router: moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages. Time as bench/plugins.py (one CUDA graph
 over rotated weight sets, median of 5 x 20 replays); bytes = packed weights + block scales +
 x + y; TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit for bit
 with the defaults' (none changes a dot's K order: the N tile groups output columns, MAX_TILES
@@ -32,12 +32,15 @@ from gpu_check import load_plugins  # noqa: E402
 
 load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
+from kolibri_trt_plugins.moe_route import moe_route  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 
 NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
 F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+RT = importlib.import_module("kolibri_trt_plugins.moe_route")
 FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
-FP8_GRID = ([32, 64], [1, 2, 4])    # BLOCK_N_MAX, MAX_TILES
+FP8_GRID = ([256, 512], [3, 4, 6, 8])    # BLOCK_K, num_stages (kf/ swept BLOCK_N_MAX, MAX_TILES)
+ROUTER_GRID = ([256, 512, 1024], [3, 4, 6])   # moe_route's BLOCK_H, num_stages
 K = 2560
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
 # per M: the grid of (BLOCK_N_MAX, MAX_TILES, num_warps, num_stages) tried
@@ -54,33 +57,63 @@ def apply(bn: int, mt: int, warps: int, stages: int) -> None:
     NV.TUNE.update(num_warps=warps, num_stages=stages)
 
 
+def _set_fp8(block_k: int, stages: int) -> None:
+    F8.BLOCK_K = block_k
+    F8.TUNE["num_stages"] = stages
+
+
 def fp8_rows(rows: list) -> None:
-    """fp8_gemv: each FP8_SHAPES matrix at M = 16, 32, 64 over FP8_GRID, bits vs the defaults."""
-    default = (F8.BLOCK_N_MAX, F8.MAX_TILES)
+    """fp8_gemv: each FP8_SHAPES matrix at M = 1, 16, 64 over FP8_GRID, bits vs the defaults.
+    (At 3cd5c76 the grid was BLOCK_N_MAX x MAX_TILES at M = 16, 32, 64: h200-2026-11-30k/kf/.)"""
+    default = (F8.BLOCK_K, F8.TUNE["num_stages"])
     for name, n, mode in FP8_SHAPES:
         ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
                torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
                else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
-        for m in (16, 32, 64):
+        for m in (1, 16, 64):
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             nbytes = n * K + m * (n + K) * 2
             base = fp8_gemv(x, *ws[0])
             for v in [default] + [c for c in itertools.product(*FP8_GRID) if c != default]:
-                F8.BLOCK_N_MAX, F8.MAX_TILES = v
+                _set_fp8(*v)
                 try:
                     same = torch.equal(fp8_gemv(x, *ws[0]), base)
                     us = PT.time_calls([lambda w=w: fp8_gemv(x, *w) for w in ws])
+                except Exception as exc:  # one variant's failure must not hide the others
+                    print(f"fp8 {name} M={m} {v}: FAILED {str(exc)[:200]}", flush=True)
+                    continue
                 finally:
-                    F8.BLOCK_N_MAX, F8.MAX_TILES = default
+                    _set_fp8(*default)
                 pct = 100 * nbytes / (us * 1e-6) / PT.BW
-                rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_n_max=v[0],
-                                 max_tiles=v[1], us=us, pct=pct, bits_equal=same,
-                                 default=v == default))
-                print(f"fp8 {name:12s} M={m:2d} bn={v[0]:3d} tiles={v[1]} {us:8.1f} us "
+                rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_k=v[0], stages=v[1],
+                                 us=us, pct=pct, bits_equal=same, default=v == default))
+                print(f"fp8 {name:12s} M={m:2d} block_k={v[0]:3d} stages={v[1]} {us:8.1f} us "
                       f"{pct:5.1f}%  bits == default: {same}"
                       f"{'  (default)' if v == default else ''}", flush=True)
         del ws
         torch.cuda.empty_cache()
+
+
+def router_rows(rows: list) -> None:
+    """moe_route (router logits GEMV + top-k) at E = 256, H = 2560, M = 1 and 64 over
+    ROUTER_GRID; ids and weights compared bit for bit with the defaults'."""
+    default = (RT.BLOCK_H, RT.TUNE["num_stages"])
+    rws = [torch.randn((256, K), device=PT.DEV).bfloat16() * 0.05 for _ in range(32)]
+    for m in (1, 64):
+        x = torch.randn((m, K), device=PT.DEV).bfloat16()
+        base = moe_route(x, rws[0], 6)
+        for v in [default] + [c for c in itertools.product(*ROUTER_GRID) if c != default]:
+            RT.BLOCK_H, RT.TUNE["num_stages"] = v
+            try:
+                got = moe_route(x, rws[0], 6)
+                same = all(torch.equal(a, b) for a, b in zip(got, base))
+                us = PT.time_calls([lambda w=w: moe_route(x, w, 6) for w in rws])
+            finally:
+                RT.BLOCK_H, RT.TUNE["num_stages"] = default
+            rows.append(dict(kernel="moe_route", M=m, block_h=v[0], stages=v[1], us=us,
+                             bits_equal=same, default=v == default))
+            print(f"router M={m:2d} block_h={v[0]:4d} stages={v[1]} {us:8.1f} us  "
+                  f"bits == default: {same}{'  (default)' if v == default else ''}", flush=True)
 
 
 def weights(n: int, sets: int):
@@ -93,11 +126,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--kernels", default="nvfp4,fp8")
+    ap.add_argument("--kernels", default="nvfp4,fp8,router")
     args = ap.parse_args()
     kernels = args.kernels.split(",")
-    if set(kernels) - {"nvfp4", "fp8"}:
-        ap.error(f"--kernels: nvfp4 and/or fp8, got {args.kernels}")
+    if set(kernels) - {"nvfp4", "fp8", "router"}:
+        ap.error(f"--kernels: among nvfp4, fp8, router, got {args.kernels}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
@@ -105,6 +138,8 @@ def main() -> int:
     rows = []
     if "fp8" in kernels:
         fp8_rows(rows)
+    if "router" in kernels:
+        router_rows(rows)
     for name, n in HEADS if "nvfp4" in kernels else ():
         wbytes = n * K // 2 + n * K // 16
         ws = weights(n, PT.sets_for(wbytes))

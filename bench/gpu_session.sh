@@ -98,6 +98,10 @@
 #       fp8fused, splitk (MoE: later row tiles count before they scan, the shared expert's
 #       programs first; fp8_gemv one row tile per program), moe_pipeline --defaults-only
 #       --breakdown, bench/plugins.py --only attn,gemv,moe (the table), fullsize decode.
+#   PART=kh bash bench/gpu_session.sh   bench/gemv_tune.py --kernels fp8,router (bytes in flight:
+#       BLOCK_K x stages), then the in-process chat + German eval on the trained default with
+#       this session's kernels (8 prompts, greedy, medians of 2) (~7 min).
+#                                                               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -333,6 +337,13 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kh)
+    unpack carry-b
+    step gemv 200 python3 bench/gemv_tune.py --kernels fp8,router --out "$OUT"
+    evalmini eval 200 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval.json"
+    pack kh
     ;;
   kg)
     step check 170 python3 bench/gpu_check.py --only moe,fp8gemv,fp8fused,splitk
