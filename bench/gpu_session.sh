@@ -102,6 +102,9 @@
 #       BLOCK_K x stages), then the in-process chat + German eval on the trained default with
 #       this session's kernels (8 prompts, greedy, medians of 2) (~7 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=ki bash bench/gpu_session.sh   bench/gemv_tune.py --kernels nvfp4 (row tiles per program x
+#       grid order, M_FIRST: the programs of one weight tile start together), gpu_check nvfp4
+#       (~4 min, no engine).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -337,6 +340,11 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  ki)
+    step gemv 200 python3 bench/gemv_tune.py --kernels nvfp4 --out "$OUT"
+    step check 80 python3 bench/gpu_check.py --only nvfp4
+    pack ki
     ;;
   kh)
     unpack carry-b
