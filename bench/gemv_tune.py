@@ -4,8 +4,7 @@
     python3 bench/gemv_tune.py [--kernels nvfp4,fp8,router] [--out DIR] [--quick]
 
 nvfp4: per head (LM head 131072 x 2560, drafter head slice 60614 x 2560) and M the file's
-defaults, then BLOCK_N x MAX_TILES x num_warps x num_stages x M_FIRST (GRID; M_FIRST runs the
-row tiles fastest in the grid, so the programs of one weight tile start together).
+defaults, then BLOCK_N x MAX_TILES x num_warps x num_stages (GRID).
 fp8: fp8_gemv at QKV 3584 x 2560 and o_proj 2560 x 2560 (per-tensor scale) and the drafter's
 7680 x 2560 (1x64 block scales), M = 1, 16, 64: BLOCK_K x num_stages (FP8_GRID: bytes in flight
 per program). router: moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages. Time as bench/plugins.py (one CUDA graph
@@ -44,17 +43,18 @@ FP8_GRID = ([256, 512], [3, 4, 6, 8])    # BLOCK_K, num_stages (kf/ swept BLOCK_
 ROUTER_GRID = ([256, 512, 1024], [3, 4, 6])   # moe_route's BLOCK_H, num_stages
 K = 2560
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
-# per M: the grid of (BLOCK_N, MAX_TILES, num_warps, num_stages, M_FIRST) tried (kt/ swept the
-# first four at M = 1, 16, 64 with the row tiles' grid dimension slowest)
-GRID = {16: ([128], [4], [4], [3], [False, True]),
-        64: ([64, 128], [1, 2, 4], [4], [3], [False, True])}
-QUICK = {1: ([64], [1], [4], [3, 4], [False]), 64: ([64], [1, 4], [4], [3], [False, True])}
-DRAFTER_GRID = {16: GRID[16], 64: ([64, 128], [1, 4], [4], [3], [False, True])}
+# per M: the grid of (BLOCK_N, MAX_TILES, num_warps, num_stages) tried (kt/ swept them at M = 1,
+# 16, 64; ki/ at 2853218 also the grid order, since removed)
+GRID = {1: ([64, 128], [4], [4, 8], [3, 4]),
+        16: ([64, 128], [4], [4], [3]),
+        64: ([64, 128], [1, 2, 4], [4], [3])}
+QUICK = {1: ([64], [1], [4], [3, 4]), 64: ([64], [1, 4], [4], [3])}
+DRAFTER_GRID = {16: GRID[16], 64: GRID[64]}
 
 
-def apply(bn: int, mt: int, warps: int, stages: int, m_first: bool) -> None:
+def apply(bn: int, mt: int, warps: int, stages: int) -> None:
     NV.BLOCK_N_MAX = NV.BLOCK_N_ONE_TILE = bn
-    NV.MAX_TILES, NV.M_FIRST = mt, m_first
+    NV.MAX_TILES = mt
     NV.TUNE.update(num_warps=warps, num_stages=stages)
 
 
@@ -138,7 +138,7 @@ def main() -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    saved = (NV.BLOCK_N_MAX, NV.BLOCK_N_ONE_TILE, NV.MAX_TILES, dict(NV.TUNE), NV.M_FIRST)
+    saved = (NV.BLOCK_N_MAX, NV.BLOCK_N_ONE_TILE, NV.MAX_TILES, dict(NV.TUNE))
     rows = []
     if "fp8" in kernels:
         fp8_rows(rows)
@@ -152,7 +152,7 @@ def main() -> int:
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             nbytes = wbytes + m * (K + n) * 2
             default = (saved[1] if m <= NV.ROWS else saved[0], saved[2],
-                       saved[3]["num_warps"], saved[3]["num_stages"], saved[4])
+                       saved[3]["num_warps"], saved[3]["num_stages"])
             apply(*default)
             base = nvfp4_gemv(x, *ws[0])
             for v in [default] + [c for c in itertools.product(*grid) if c != default]:
@@ -167,18 +167,17 @@ def main() -> int:
                     apply(*default)
                 tbs = nbytes / us / 1e6
                 rows.append(dict(head=name, M=m, block_n_max=v[0], max_tiles=v[1], warps=v[2],
-                                 stages=v[3], m_first=v[4], us=us, MB=nbytes / 1e6, TBs=tbs,
+                                 stages=v[3], us=us, MB=nbytes / 1e6, TBs=tbs,
                                  pct=100 * tbs * 1e12 / PT.BW, bits_equal=same,
                                  default=v == default))
                 print(f"{name:12s} M={m:2d} bn={v[0]:3d} tiles={v[1]} warps={v[2]} "
-                      f"stages={v[3]} m_first={int(v[4])} {us:8.1f} us {tbs:5.2f} TB/s "
+                      f"stages={v[3]} {us:8.1f} us {tbs:5.2f} TB/s "
                       f"{100 * tbs * 1e12 / PT.BW:5.1f}%  bits == default: {same}"
                       f"{'  (default)' if v == default else ''}", flush=True)
         del ws
         torch.cuda.empty_cache()
     NV.BLOCK_N_MAX, NV.BLOCK_N_ONE_TILE, NV.MAX_TILES = saved[:3]
     NV.TUNE.update(saved[3])
-    NV.M_FIRST = saved[4]
     for name, _ in HEADS:
         for m in (1, 16, 64):
             mine = [r for r in rows if r.get("head") == name and r["M"] == m]
@@ -187,8 +186,7 @@ def main() -> int:
                 cur = next((r["us"] for r in mine if r["default"]), float("nan"))
                 print(f"BEST {name} M={m}: {best['us']:.1f} us (default {cur:.1f}) "
                       f"bn={best['block_n_max']} tiles={best['max_tiles']} "
-                      f"warps={best['warps']} stages={best['stages']} "
-                      f"m_first={int(best['m_first'])}", flush=True)
+                      f"warps={best['warps']} stages={best['stages']}", flush=True)
     (out / "gemv_tune.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1
 

@@ -105,6 +105,9 @@
 #   PART=ki bash bench/gpu_session.sh   bench/gemv_tune.py --kernels nvfp4 (row tiles per program x
 #       grid order, M_FIRST: the programs of one weight tile start together), gpu_check nvfp4
 #       (~4 min, no engine).
+#   PART=kj bash bench/gpu_session.sh   the trained default on this session's kernels: gpu_runtime
+#       (graph = eager = unpadded bits, every speculative mode = off) and gpu_drafter --only
+#       graphs (~6 min).                                         carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -340,6 +343,11 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kj)
+    unpack carry-b
+    minichecks 260 120 graphs
+    pack kj
     ;;
   ki)
     step gemv 200 python3 bench/gemv_tune.py --kernels nvfp4 --out "$OUT"

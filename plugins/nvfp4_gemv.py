@@ -57,16 +57,14 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m, sw_n, ss_n, eps,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                        MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
-                       NORM: tl.constexpr = False, M_FIRST: tl.constexpr = False):
+                       NORM: tl.constexpr = False):
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
     # feed two dots, so the packed bytes are never interleaved in registers. sw_n = K/2 and
     # ss_n = K/16 are the weight and scale row strides as arguments: the JIT marks them
     # divisible by 16, so the scale rows load as 16-byte cp.async copies (with K // 16 computed
     # here Triton knows no alignment and loads them byte by byte, unpipelined; AOT sm_90 SASS).
-    # M_FIRST: the row-tile index runs fastest in the grid, so the programs of one weight tile
-    # start together and all but the first read it from L2
-    pid_n = tl.program_id(1) if M_FIRST else tl.program_id(0)
-    m0 = (tl.program_id(0) if M_FIRST else tl.program_id(1)) * ROWS * MT
+    pid_n = tl.program_id(0)
+    m0 = tl.program_id(1) * ROWS * MT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     n64 = n.to(tl.int64)
@@ -181,7 +179,10 @@ BLOCK_N_MAX = 64
 # (bench/results/h200-2026-11-30k/kt/): LM head M=1 99.6 -> 94.4 µs, M=16 99.5 -> 96.1, drafter
 # head M=1 51.7 -> 48.8; at M=64 128 loses. The N tile only groups output columns: same bits.
 BLOCK_N_ONE_TILE = 128
-M_FIRST = False   # grid order: row tiles fastest (bench/gemv_tune.py sweeps it with MAX_TILES)
+# Tried and removed (2026-11-30, bench/results/h200-2026-11-30k/ki/): the row tiles fastest in
+# the grid, so that one weight tile's programs start together and read it from L2: at M=64 with
+# one or two row tiles per program 298.8-374.5 µs against 252.6 for the default four; the
+# decode of the weights, repeated per program, is the cost, not the bytes.
 
 
 def block_n_for(n: int, m: int = ROWS * MAX_TILES) -> int:
@@ -203,14 +204,11 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
     mt = min(MAX_TILES, cdiv(M, ROWS))
     bn = block_n_for(N, M)
     grid = (cdiv(N, bn), cdiv(M, ROWS * mt))
-    if M_FIRST:
-        grid = grid[::-1]
     extra = {} if norm is None else dict(enable_fp_fusion=False)   # torch's separate roundings
     launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y,
            x if norm is None else norm, M, N, K, x.stride(0), K // 2, K // 16, float(eps),
            BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt, USE_ASM=not interpret,
-           DOT_F32=interpret, NORM=norm is not None, M_FIRST=M_FIRST, interpret=interpret,
-           **extra, **TUNE)
+           DOT_F32=interpret, NORM=norm is not None, interpret=interpret, **extra, **TUNE)
     return y
 
 
