@@ -47,27 +47,19 @@ PRESETS = {
         DECODE=2, ONE=False, SHARED=True),
         ("a_ptr", "ids_ptr", "w_ptr", "ws_ptr", "shw_ptr", "shs_ptr", "o_ptr", "N", "K", "N_SH",
          "K_SH", "sa_m", "sa_s", "so_s")),
-    "moe_down": ("moe_experts", "_moe_expert_kernel", dict(
-        a_ptr="*bf16", ids_ptr="*i32", w_ptr="*fp8e4nv", ws_ptr="*fp32", shw_ptr="*fp8e4nv",
-        shs_ptr="*fp32", o_ptr="*fp32", M="i32", N="i32", K="i32", N_SH="i32", K_SH="i32",
-        sa_m="i32", sa_s="i32", so_s="i32", sp_s="i32", sp_g="i32", TOPK=6, GATED=False,
-        BLOCK_N=64, BLOCK_K=128, ROWS=16, MT=1, M_P=16, K_P=8, U_P=16, DOT_F32=False, SPLIT=1,
-        DECODE=2, ONE=False, SHARED=True),
-        ("a_ptr", "ids_ptr", "w_ptr", "ws_ptr", "shw_ptr", "shs_ptr", "o_ptr", "N", "K", "N_SH",
-         "K_SH", "sa_m", "sa_s", "so_s")),
     "fp8_qkv": ("fp8_gemv", "_fp8_gemv_kernel", dict(
         x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", g_ptr="*bf16",
         r_ptr="*bf16", ids_ptr="*i64", M="i32", N="i32", K="i32", sx_m="i32", sr_m="i32",
         s_ids="i32", eps="fp32", MODE=0, BLOCK_N=32, BLOCK_K=256, SUB_K=64, ROWS=16, MT=1,
         DOT_F32=False, SPLIT=1, NORM=0, NORM_P=1, ACT=0, RES=False, X_ROWS=False, DECODE=2),
         ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "g_ptr", "r_ptr", "ids_ptr", "N", "K", "sx_m")),
-    "fp8_drafter_block": ("fp8_gemv", "_fp8_gemv_kernel", dict(
-        x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", g_ptr="*bf16",
-        r_ptr="*bf16", ids_ptr="*i64", M="i32", N="i32", K="i32", sx_m="i32", sr_m="i32",
-        s_ids="i32", eps="fp32", MODE=2, BLOCK_N=16, BLOCK_K=256, SUB_K=64, ROWS=16, MT=1,
-        DOT_F32=False, SPLIT=1, NORM=0, NORM_P=1, ACT=0, RES=False, X_ROWS=False, DECODE=2),
-        ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "g_ptr", "r_ptr", "ids_ptr", "N", "K", "sx_m")),
 }
+PRESETS["moe_down"] = ("moe_experts", "_moe_expert_kernel",
+                       dict(PRESETS["moe_gate_up"][2], o_ptr="*fp32", GATED=False, BLOCK_N=64),
+                       PRESETS["moe_gate_up"][3])
+PRESETS["fp8_drafter_block"] = ("fp8_gemv", "_fp8_gemv_kernel",
+                                dict(PRESETS["fp8_qkv"][2], MODE=2, BLOCK_N=16),
+                                PRESETS["fp8_qkv"][3])
 
 
 def compile_sm90(module: str, kernel: str, args: dict, divisible, num_warps: int,

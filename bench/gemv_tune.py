@@ -58,6 +58,25 @@ def apply(bn: int, mt: int, warps: int, stages: int) -> None:
     NV.TUNE.update(num_warps=warps, num_stages=stages)
 
 
+def variants(label: str, call, default: tuple, grid, apply):
+    """Yield (settings, µs, bits equal to the defaults') for the defaults, then every other
+    combination of `grid`; apply(*settings) sets them, apply(*default) restores. `call` is a
+    list of zero-arg calls, one per input set; the first one's output is compared."""
+    apply(*default)
+    base = call[0]()
+    for v in [default] + [c for c in itertools.product(*grid) if c != default]:
+        apply(*v)
+        try:
+            same = torch.equal(call[0](), base)
+            us = PT.time_calls(call)
+        except Exception as exc:  # one variant's failure must not hide the others
+            print(f"{label} {v}: FAILED {str(exc)[:300]}", flush=True)
+            continue
+        finally:
+            apply(*default)
+        yield v, us, same
+
+
 def _set_fp8(block_k: int, stages: int) -> None:
     F8.BLOCK_K = block_k
     F8.TUNE["num_stages"] = stages
@@ -74,17 +93,9 @@ def fp8_rows(rows: list) -> None:
         for m in (1, 16, 64):
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             nbytes = n * K + m * (n + K) * 2
-            base = fp8_gemv(x, *ws[0])
-            for v in [default] + [c for c in itertools.product(*FP8_GRID) if c != default]:
-                _set_fp8(*v)
-                try:
-                    same = torch.equal(fp8_gemv(x, *ws[0]), base)
-                    us = PT.time_calls([lambda w=w: fp8_gemv(x, *w) for w in ws])
-                except Exception as exc:  # one variant's failure must not hide the others
-                    print(f"fp8 {name} M={m} {v}: FAILED {str(exc)[:200]}", flush=True)
-                    continue
-                finally:
-                    _set_fp8(*default)
+            calls = [lambda w=w: fp8_gemv(x, *w) for w in ws]
+            for v, us, same in variants(f"fp8 {name} M={m}", calls, default, FP8_GRID,
+                                        _set_fp8):
                 pct = 100 * nbytes / (us * 1e-6) / PT.BW
                 rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_k=v[0], stages=v[1],
                                  us=us, pct=pct, bits_equal=same, default=v == default))
@@ -153,18 +164,8 @@ def main() -> int:
             nbytes = wbytes + m * (K + n) * 2
             default = (saved[1] if m <= NV.ROWS else saved[0], saved[2],
                        saved[3]["num_warps"], saved[3]["num_stages"])
-            apply(*default)
-            base = nvfp4_gemv(x, *ws[0])
-            for v in [default] + [c for c in itertools.product(*grid) if c != default]:
-                apply(*v)
-                try:
-                    same = torch.equal(nvfp4_gemv(x, *ws[0]), base)
-                    us = PT.time_calls([lambda w=w: nvfp4_gemv(x, *w) for w in ws])
-                except Exception as exc:  # one variant's failure must not hide the others
-                    print(f"{name} M={m} {v}: FAILED {str(exc)[:300]}", flush=True)
-                    continue
-                finally:
-                    apply(*default)
+            calls = [lambda w=w: nvfp4_gemv(x, *w) for w in ws]
+            for v, us, same in variants(f"{name} M={m}", calls, default, grid, apply):
                 tbs = nbytes / us / 1e6
                 rows.append(dict(head=name, M=m, block_n_max=v[0], max_tiles=v[1], warps=v[2],
                                  stages=v[3], us=us, MB=nbytes / 1e6, TBs=tbs,
