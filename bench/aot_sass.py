@@ -72,7 +72,8 @@ def compile_sm90(module: str, kernel: str, args: dict, divisible, num_warps: int
     unknown = set(args) - set(names)
     if unknown:
         raise ValueError(f"{kernel}: no arguments named {sorted(unknown)}")
-    sig = {n: ("constexpr" if not isinstance(args[n], str) else args[n]) for n in names if n in args}
+    sig = {n: ("constexpr" if not isinstance(args[n], str) else args[n])
+           for n in names if n in args}
     consts = {n: v for n, v in args.items() if not isinstance(v, str)}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
