@@ -9,9 +9,9 @@ fp8: fp8_gemv at QKV 3584 x 2560 and o_proj 2560 x 2560 (per-tensor scale) and t
 7680 x 2560 (1x64 block scales), M = 1, 16, 64: BLOCK_K x num_stages (FP8_GRID: bytes in flight
 per program). router: moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages. Time as
 bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays); bytes =
-the weights (+ block scales) + x + y; TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit for bit
-with the defaults' (none changes a dot's K order: the N tile groups output columns, MAX_TILES
-groups 16-row tiles). The JSON (``gemv_tune.json``) holds every row.
+the weights (+ block scales) + x + y; TB/s and % of the 4.14 TB/s read ceiling. Every
+variant's output is compared bit for bit with the defaults' (none changes a dot's K order: the
+N tile groups output columns, MAX_TILES groups 16-row tiles). The JSON (``gemv_tune.json``) holds every row.
 """
 
 from __future__ import annotations
