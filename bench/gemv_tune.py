@@ -11,7 +11,8 @@ per program). router: moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages. 
 bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays); bytes =
 the weights (+ block scales) + x + y; TB/s and % of the 4.14 TB/s read ceiling. Every
 variant's output is compared bit for bit with the defaults' (none changes a dot's K order: the
-N tile groups output columns, MAX_TILES groups 16-row tiles). The JSON (``gemv_tune.json``) holds every row.
+N tile groups output columns, MAX_TILES groups 16-row tiles). The JSON (``gemv_tune.json``)
+holds every row.
 """
 
 from __future__ import annotations
