@@ -108,6 +108,9 @@
 #   PART=kj bash bench/gpu_session.sh   the trained default on this session's kernels: gpu_runtime
 #       (graph = eager = unpadded bits, every speculative mode = off) and gpu_drafter --only
 #       graphs (~6 min).                                         carry: engines/carry-b.tar.xz
+#   PART=kk bash bench/gpu_session.sh   bench/sliding_tune.py: the FP8 sliding-window attention's
+#       PART x BLOCK_N x warps x stages at B = 1 and 64, then gpu_check's FP8 attention checks
+#       under the best (~3 min, no engine).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -343,6 +346,10 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  kk)
+    step sliding 220 python3 bench/sliding_tune.py --out "$OUT"
+    pack kk
     ;;
   kj)
     unpack carry-b
