@@ -18,9 +18,12 @@ from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step)
 
 # Launch settings per layer kind (each fixed: PART and BLOCK_N set the reduction order, which
-# must not depend on the batch). Sliding layers (window > 0: at most window + q keys, 2-3
-# partitions per stream) keep the first H200 sweep's settings (plugins/NOTES_HISTORY.md, v2).
-PART = 256  # positions per split, sliding layers
+# must not depend on the batch). Sliding layers (window > 0: at most window + q keys): splits of
+# 64 positions, 9-10 per stream, from bench/sliding_tune.py on the H200 at 32k (bench/results/
+# h200-2026-11-30k/kk/; gpu_check's FP8 attention checks 12/12 under them): B=1 10.2 -> 6.1 µs
+# per layer, B=64 29.5 -> 33.4 µs (the sweep's best sum of time / old time over both; the old
+# 256 came from the first sweep, plugins/NOTES_HISTORY.md, v2).
+PART = 64  # positions per split, sliding layers
 BLOCK_N = 64  # keys per inner step, sliding layers
 TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/plugins.py sweeps it)
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
