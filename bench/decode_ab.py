@@ -62,10 +62,8 @@ def ab(label: str, mod: str, calls, nbytes: float, rows: list) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    args = ap.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
+    out = PT.out_dir()
     rows: list = []
     for name, n, k in (("qkv", 3584, 2560), ("o_proj", 2560, 2560)):
         ws = [(torch.randn((n, k), device=PT.DEV).to(PT.E4M3), torch.tensor([0.01], device=PT.DEV))

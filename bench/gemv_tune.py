@@ -59,25 +59,6 @@ def apply(bn: int, mt: int, warps: int, stages: int) -> None:
     NV.TUNE.update(num_warps=warps, num_stages=stages)
 
 
-def variants(label: str, call, default: tuple, grid, apply):
-    """Yield (settings, µs, bits equal to the defaults') for the defaults, then every other
-    combination of `grid`; apply(*settings) sets them, apply(*default) restores. `call` is a
-    list of zero-arg calls, one per input set; the first one's output is compared."""
-    apply(*default)
-    base = call[0]()
-    for v in [default] + [c for c in itertools.product(*grid) if c != default]:
-        apply(*v)
-        try:
-            same = torch.equal(call[0](), base)
-            us = PT.time_calls(call)
-        except Exception as exc:  # one variant's failure must not hide the others
-            print(f"{label} {v}: FAILED {str(exc)[:300]}", flush=True)
-            continue
-        finally:
-            apply(*default)
-        yield v, us, same
-
-
 def _set_fp8(block_k: int, stages: int) -> None:
     F8.BLOCK_K = block_k
     F8.TUNE["num_stages"] = stages
@@ -95,8 +76,10 @@ def fp8_rows(rows: list) -> None:
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             nbytes = n * K + m * (n + K) * 2
             calls = [lambda w=w: fp8_gemv(x, *w) for w in ws]
-            for v, us, same in variants(f"fp8 {name} M={m}", calls, default, FP8_GRID,
-                                        _set_fp8):
+            base = calls[0]()
+            for v, us, same in PT.variants(f"fp8 {name} M={m}", calls, default,
+                                           itertools.product(*FP8_GRID), _set_fp8,
+                                           lambda y, base=base: torch.equal(y, base)):
                 pct = 100 * nbytes / (us * 1e-6) / PT.BW
                 rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_k=v[0], stages=v[1],
                                  us=us, pct=pct, bits_equal=same, default=v == default))
@@ -147,9 +130,7 @@ def main() -> int:
     kernels = args.kernels.split(",")
     if set(kernels) - {"nvfp4", "fp8", "router"}:
         ap.error(f"--kernels: among nvfp4, fp8, router, got {args.kernels}")
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    out = PT.out_dir()
     saved = (NV.BLOCK_N_MAX, NV.BLOCK_N_ONE_TILE, NV.MAX_TILES, dict(NV.TUNE))
     rows = []
     if "fp8" in kernels:
@@ -166,7 +147,11 @@ def main() -> int:
             default = (saved[1] if m <= NV.ROWS else saved[0], saved[2],
                        saved[3]["num_warps"], saved[3]["num_stages"])
             calls = [lambda w=w: nvfp4_gemv(x, *w) for w in ws]
-            for v, us, same in variants(f"{name} M={m}", calls, default, grid, apply):
+            apply(*default)
+            base = calls[0]()
+            for v, us, same in PT.variants(f"{name} M={m}", calls, default,
+                                           itertools.product(*grid), apply,
+                                           lambda y, base=base: torch.equal(y, base)):
                 tbs = nbytes / us / 1e6
                 rows.append(dict(head=name, M=m, block_n_max=v[0], max_tiles=v[1], warps=v[2],
                                  stages=v[3], us=us, MB=nbytes / 1e6, TBs=tbs,

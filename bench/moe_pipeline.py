@@ -80,9 +80,7 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--defaults-only", action="store_true", help="time the defaults alone")
     args = ap.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    out = PT.out_dir()
     wts = PT.moe_weights(E, H, INTER)
     rows = []
     for M in (1, 4, 16, 64):

@@ -11,6 +11,8 @@ put the repository root on sys.path).
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 import statistics
 
 import torch
@@ -84,3 +86,33 @@ def moe_weights(E: int = 256, H: int = 2560, inter: int = 768) -> list[torch.Ten
             torch.randn((E, H, inter), device=DEV).to(E4M3), torch.rand(E, device=DEV) * 0.02,
             torch.randn((1, 2 * inter, H), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02,
             torch.randn((1, H, inter), device=DEV).to(E4M3), torch.rand(1, device=DEV) * 0.02]
+
+
+def out_dir(argv=None) -> pathlib.Path:
+    """The tuning scripts' --out DIR (default $OUT, else /tmp), created, after one line naming
+    the device and torch. argv: the other arguments the caller parsed (None: sys.argv)."""
+    import argparse
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    out = pathlib.Path(ap.parse_known_args(argv)[0].out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    return out
+
+
+def variants(label: str, calls, default: tuple, combos, apply, check):
+    """Yield (settings, µs, check(output of calls[0])) for `default`, then each other tuple of
+    `combos`; apply(*settings) sets them, apply(*default) restores them after each. calls:
+    zero-arg calls, one per input set (time_calls). A variant that raises (e.g. too much shared
+    memory) is reported and skipped."""
+    for v in [default] + [c for c in combos if c != default]:
+        apply(*v)
+        try:
+            got = check(calls[0]())
+            us = time_calls(calls)
+        except Exception as exc:  # one variant's failure must not hide the others
+            print(f"{label} {v}: FAILED {str(exc)[:300]}", flush=True)
+            continue
+        finally:
+            apply(*default)
+        yield v, us, got

@@ -69,30 +69,18 @@ def inputs(b: int):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    args = ap.parse_args()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
+    out = PT.out_dir()
     default = (FA.PART, FA.BLOCK_N, FA.TUNE["num_warps"], FA.TUNE["num_stages"])
-    combos = [default] + [c for c in itertools.product(*GRID) if c != default and c[0] % c[1] == 0]
-    times: dict[tuple, list[float]] = {c: [] for c in combos}
+    combos = [c for c in itertools.product(*GRID) if c[0] % c[1] == 0]
+    times: dict[tuple, list[float]] = {}
     rows = []
     for b in (1, 64):
         calls, ref, nbytes = inputs(b)
         want = ref()
-        for c in combos:
-            apply(*c)
-            try:
-                err = T.rel_err(calls[0](), want)
-                us = PT.time_calls(calls)
-            except Exception as exc:  # one variant's failure must not hide the others
-                print(f"B={b} {c}: FAILED {str(exc)[:200]}", flush=True)
-                times.pop(c, None)
-                continue
-            finally:
-                apply(*default)
-            if c in times:
-                times[c].append(us)
+        for c, us, err in PT.variants(f"B={b}", calls, default, combos, apply,
+                                      lambda y, want=want: T.rel_err(y, want)):
+            times.setdefault(c, []).append(us)
             rows.append(dict(B=b, part=c[0], block_n=c[1], warps=c[2], stages=c[3], us=us,
                              rel_err=err, pct=100 * nbytes / (us * 1e-6) / PT.BW))
             print(f"B={b:2d} part={c[0]:3d} block_n={c[1]:2d} warps={c[2]} stages={c[3]} "
