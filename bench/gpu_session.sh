@@ -111,6 +111,9 @@
 #   PART=kk bash bench/gpu_session.sh   bench/sliding_tune.py: the FP8 sliding-window attention's
 #       PART x BLOCK_N x warps x stages at B = 1 and 64, then gpu_check's FP8 attention checks
 #       under the best (~3 min, no engine).
+#   PART=ko bash bench/gpu_session.sh   bench/opcode_rates.py: results per clock per SM of LOP3,
+#       PRMT, SHF, IMAD, HMUL2.BF16, F2F, F2FP, FFMA (does PRMT issue at the conversion rate?)
+#       (~1 min, no engine).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -346,6 +349,10 @@ case "${PART:-}" in
     evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
       --max-tokens 192 --repeats 2 --temperatures 0 0.8 --json "$OUT/eval.json"
     pack tr
+    ;;
+  ko)
+    step rates 120 python3 bench/opcode_rates.py --out "$OUT"
+    pack ko
     ;;
   kk)
     step sliding 220 python3 bench/sliding_tune.py --out "$OUT"
