@@ -112,8 +112,9 @@
 #       PART x BLOCK_N x warps x stages at B = 1 and 64, then gpu_check's FP8 attention checks
 #       under the best (~3 min, no engine).
 #   PART=ko bash bench/gpu_session.sh   bench/opcode_rates.py: results per clock per SM of LOP3,
-#       PRMT, SHF, IMAD, HMUL2.BF16, F2F, F2FP, FFMA (does PRMT issue at the conversion rate?)
-#       (~1 min, no engine).
+#       PRMT, SHF, IMAD, HMUL2.BF16, F2F, F2FP, FFMA (does PRMT issue at the conversion rate?);
+#       the router's H split (gemv_tune --kernels router); the MoE's settings again now that a
+#       one-token chunk skips its scans (moe_pipeline: narrower N tiles, stages) (~5 min).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -352,6 +353,8 @@ case "${PART:-}" in
     ;;
   ko)
     step rates 120 python3 bench/opcode_rates.py --out "$OUT"
+    step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
+    step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
     ;;
   kk)

@@ -5,6 +5,10 @@ in fp32; the tensor cores accumulate in fp32), p = softmax(logits), (w, e) = top
 broken towards the LOWER expert index, w = w / Σw when norm_topk_prob.
 Two kernels, one op: the logits GEMV spreads the router matrix over many programs (each reads
 16 experts' rows once for up to 64 tokens); the per-token top-k kernel then runs on E floats.
+SPLIT_H > 1 (off until measured on the H200: bench/gemv_tune.py --kernels router sweeps it) also
+splits H over that many programs per expert tile (plugins/_split_k.py ranges), and the top-k
+kernel sums the fp32 partials in the order s = 0, 1, ... before the softmax: a function of
+(E, H) only, so batch invariant, but other logit bits than SPLIT_H = 1.
 """
 
 from __future__ import annotations
@@ -12,18 +16,22 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
 MAX_TILES = 4
 BLOCK_E = 16
 BLOCK_H = 512
 TUNE = dict(num_warps=4, num_stages=3)
+SPLIT_H = 1      # H ranges per expert tile (module docstring)
 
 
 @jit
 def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-                          MT: tl.constexpr, DOT_F32: tl.constexpr):
+                          MT: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+    """Logits (SPLIT > 1: the partial of H range program_id(2), at lg + s·M·E) of one tile of
+    BLOCK_E experts for up to MT·ROWS tokens."""
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m0 = tl.program_id(1) * ROWS * MT
     rows = tl.arange(0, ROWS)
@@ -31,7 +39,9 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
     acc1 = tl.zeros([ROWS, BLOCK_E], tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_E], tl.float32)
     acc3 = tl.zeros([ROWS, BLOCK_E], tl.float32)
-    for h0 in range(0, H, BLOCK_H):
+    h_lo, h_hi = k_range(H, tl.program_id(2), SPLIT, BLOCK_H)
+    lg_ptr += tl.program_id(2).to(tl.int64) * M * E
+    for h0 in range(h_lo, h_hi, BLOCK_H):
         hh = h0 + tl.arange(0, BLOCK_H)
         w = tl.load(wr_ptr + e[:, None].to(tl.int64) * H + hh[None, :],
                     mask=(e < E)[:, None] & (hh < H)[None, :], other=0.0)
@@ -58,11 +68,12 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
 
 
 @jit
-def _topk_kernel(lg_ptr, ids_ptr, w_ptr, E, TOPK: tl.constexpr, E_P: tl.constexpr,
-                 K_P: tl.constexpr, RENORM: tl.constexpr):
+def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.constexpr,
+                 K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr = 1):
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_P)
-    lg = tl.load(lg_ptr + m * E + e, mask=e < E, other=float("-inf"))
+    lg = sum_splits(lg_ptr, m * E + e, e < E, M * E, SPLIT)   # the H ranges' partials, in order
+    lg = tl.where(e < E, lg, float("-inf"))
     ex = tl.exp(lg - tl.max(lg, 0))
     p = ex / tl.sum(ex, 0)
     p = tl.where(e < E, p, -1.0)
@@ -120,13 +131,14 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
     wts = torch.empty((M, top_k), dtype=torch.float32, device=x.device)
     if M == 0:
         return ids, wts
-    logits = torch.empty((M, E), dtype=torch.float32, device=x.device)
+    split = num_splits(H, SPLIT_H, BLOCK_H)
+    logits = torch.empty((split, M, E), dtype=torch.float32, device=x.device)
     mt = min(MAX_TILES, cdiv(M, ROWS))
-    launch(_router_logits_kernel, (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt)), x, router_weight, logits,
-           M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, ROWS=ROWS, MT=mt,
-           DOT_F32=interpret, interpret=interpret, **TUNE)
-    launch(_topk_kernel, (M,), logits, ids, wts, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
-           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), num_warps=4,
+    launch(_router_logits_kernel, (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt), split), x,
+           router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
+           ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret, **TUNE)
+    launch(_topk_kernel, (M,), logits, ids, wts, M, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
+           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=4,
            interpret=interpret)
     return ids, wts
 

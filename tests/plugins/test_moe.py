@@ -31,6 +31,24 @@ def test_route_interpreter_ties_and_weights(interp):
     assert torch.allclose(w_k, w_r, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("split", [2, 3])
+def test_route_split_h_interpreter(interp, monkeypatch, split):
+    """The router's H split (SPLIT_H; partials summed in order by the top-k kernel) picks the
+    reference's experts, with weights within fp32 rounding; 640 = 5 steps of 128 over 2 or 3
+    ranges (one of them shorter)."""
+    import importlib
+    rt = importlib.import_module("kolibri_trt_plugins.moe_route")
+    monkeypatch.setattr(rt, "BLOCK_H", 128)
+    monkeypatch.setattr(rt, "SPLIT_H", split)
+    g = T.gen(40 + split)
+    x = T.randn((5, 640), g)
+    rw = T.randn((32, 640), g, scale=0.1)
+    ids_r, w_r = moe_route_ref(x, rw, 4)
+    ids_k, w_k = moe_route(x, rw, 4, interpret=True)
+    assert torch.equal(ids_k, ids_r)
+    assert torch.allclose(w_k, w_r, rtol=1e-5, atol=1e-6)
+
+
 def expert_dense(x, w13, s13, w2, s2):
     """Independent dense expert: fp64 gate/up, bf16 activation (the kernel's format), fp64 down."""
     inter = w13.shape[0] // 2
