@@ -72,8 +72,10 @@ def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.const
                  K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr = 1):
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_P)
-    lg = sum_splits(lg_ptr, m * E + e, e < E, M * E, SPLIT)   # the H ranges' partials, in order
-    lg = tl.where(e < E, lg, float("-inf"))
+    if SPLIT == 1:
+        lg = tl.load(lg_ptr + m * E + e, mask=e < E, other=float("-inf"))
+    else:       # the H ranges' partials, in order
+        lg = tl.where(e < E, sum_splits(lg_ptr, m * E + e, e < E, M * E, SPLIT), float("-inf"))
     ex = tl.exp(lg - tl.max(lg, 0))
     p = ex / tl.sum(ex, 0)
     p = tl.where(e < E, p, -1.0)
