@@ -83,7 +83,7 @@
 #       prompts + 4 HumanEval, greedy and T = 0.8, medians of 3) (~4 min).
 #                                                               carry: engines/carry-b.tar.xz
 #   PART=kt bash bench/gpu_session.sh   kernel tuning (~9 min, no engine): gpu_check nvfp4 + moe
-#       (the NVFP4 GEMV's scale rows now load as 16-byte cp.async copies), bench/nvfp4_tune.py
+#       (the NVFP4 GEMV's scale rows now load as 16-byte cp.async copies), bench/gemv_tune.py
 #       (heads x M x launch settings, bits against the defaults), bench/moe_pipeline.py
 #       --breakdown (MoE launch settings per M, then its kernels under the profiler).
 #   PART=kd bash bench/gpu_session.sh   the weight decodes by bit placement (DECODE 2 in
@@ -400,7 +400,7 @@ case "${PART:-}" in
     ;;
   kt)
     step check 110 python3 bench/gpu_check.py --only nvfp4,moe
-    step nvfp4 250 python3 bench/nvfp4_tune.py --out "$OUT"
+    step nvfp4 250 python3 bench/gemv_tune.py --kernels nvfp4 --out "$OUT"
     step moe 200 python3 bench/moe_pipeline.py --out "$OUT" --breakdown
     pack kt
     ;;
