@@ -177,7 +177,8 @@ def _(x, weight, weight_scale, weight_scale_2, norm, eps):
 BLOCK_N_MAX = 64
 # Up to 16 activation rows (one row tile) a wider N tile pays: H200, bench/gemv_tune.py (then
 # nvfp4_tune.py; bench/results/h200-2026-11-30k/kt/): LM head M=1 99.6 -> 94.4 µs, M=16 99.5 ->
-# 96.1, drafter head M=1 51.7 -> 48.8; at M=64 128 loses. The N tile only groups output columns: same bits.
+# 96.1, drafter head M=1 51.7 -> 48.8; at M=64 128 loses. The N tile only groups output
+# columns: same bits.
 BLOCK_N_ONE_TILE = 128
 # Tried and removed (2026-11-30, bench/results/h200-2026-11-30k/ki/): the row tiles fastest in
 # the grid, so that one weight tile's programs start together and read it from L2: at M=64 with
