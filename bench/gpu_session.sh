@@ -115,6 +115,10 @@
 #       PRMT, SHF, IMAD, HMUL2.BF16, F2F, F2FP, FFMA (does PRMT issue at the conversion rate?);
 #       the router's H split (gemv_tune --kernels router); the MoE's settings again now that a
 #       one-token chunk skips its scans (moe_pipeline: narrower N tiles, stages) (~5 min).
+#   PART=la bash bench/gpu_session.sh   the router's H split on (SPLIT_H 5) and the FP8 sliding
+#       window's 64-position splits: gpu_check moe + fp8attn, fullsize decode, then the trained
+#       default: gpu_runtime, gpu_drafter --only graphs, the in-process chat + German eval (8
+#       prompts, greedy, medians of 2) (~8 min).                carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -356,6 +360,15 @@ case "${PART:-}" in
     step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
+    ;;
+  la)
+    unpack carry-b
+    step check 110 python3 bench/gpu_check.py --only moe,fp8attn
+    step fullsize 80 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 60
+    minichecks 240 60 graphs
+    evalmini eval 120 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval.json"
+    pack la
     ;;
   kk)
     step sliding 220 python3 bench/sliding_tune.py --out "$OUT"
