@@ -67,6 +67,7 @@ from gpu_check_misc import (  # noqa: F401
     check_gumbel,
     check_norm,
     check_vocab_argmax,
+    check_vocab_argmax_keyed,
     check_qk_norm_rope,
     flip_frac,
     gumbel_case,
@@ -99,7 +100,8 @@ SECTIONS = {
     "gumbel": check_gumbel,
     "ringattn": check_ring_attention,
     "ropering": check_rope_ring_write,
-    "vocabargmax": check_vocab_argmax,
+    "vocabargmax": lambda g, small: (check_vocab_argmax(g, small),
+                                     check_vocab_argmax_keyed(g, small)),
     "chainindex": check_chain_index,
 }
 

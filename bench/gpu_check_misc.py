@@ -165,3 +165,47 @@ def check_vocab_argmax(g, small):
                               lambda: vocab_argmax(logits, vocab, out=drafts[:, 1]), out)
             record(f"vocab_argmax {str(dtype)[6:]} N={N} V={V}", ok, "exact " + msg)
 
+
+
+def check_vocab_argmax_keyed(g, small):
+    """vocab_argmax with KeyedRows (a sampled stream's coupled drafts): against its torch
+    reference on the same device (flip fraction), CUDA graphs replayed twice, and, over the
+    whole vocabulary, exactly the token kolibri_trt.sampling.sample keeps (the fused sampler:
+    the same noise at the same output position)."""
+    from kolibri_trt import sampling
+    from kolibri_trt.sampling import SamplingParams
+    from kolibri_trt_plugins.vocab_argmax import KeyedRows, vocab_argmax, vocab_argmax_ref
+    V = 1000 if small else 8192
+    for N in (1, 5, 64):
+        logits = (torch.randn((N, V), generator=g) * 3).to(torch.bfloat16).to(B.DEV)
+        vocab = torch.randperm(16 * V, generator=g)[:V].to(B.DEV)
+        z = 9
+        temp = torch.rand(z, generator=g) + 0.3
+        temp[0] = 0.0
+        cols = torch.randint(0, 4000, (N, 2), generator=g)
+        cols[:, 1] = torch.randint(0, z, (N,), generator=g)
+        cols = cols.to(B.DEV)
+        keyed = KeyedRows(cols[:, 1], cols[:, 0], temp.to(B.DEV),
+                          torch.randint(0, 2**32, (z,), generator=g).to(B.DEV),
+                          torch.randint(0, 50, (z,), generator=g).to(B.DEV))
+        drafts = torch.zeros((N, 4), dtype=torch.long, device=B.DEV)
+        out = vocab_argmax(logits, vocab, out=drafts[:, 2], keyed=keyed).clone()
+        f = flip_frac(out, vocab_argmax_ref(logits, vocab, keyed))
+        msg = check_graph(f"vocab_argmax keyed N={N}",
+                          lambda: vocab_argmax(logits, vocab, out=drafts[:, 2], keyed=keyed), out)
+        record(f"vocab_argmax keyed N={N} V={V}", f <= GUMBEL_FLIP_FRAC, f"flips={f:.1e} " + msg)
+    V, n = (1000 if small else 131072), 32
+    logits = torch.randn((n, V), generator=g).to(B.DEV) * 3
+    params = [SamplingParams(temperature=0.5 + i / 32, seed=1000 + i) for i in range(n)]
+    pos = torch.arange(100, 100 + n)
+    want = sampling.sample(logits, params, pos.tolist())
+    base = torch.randint(0, 50, (n,), generator=g)
+    keyed = KeyedRows(torch.arange(n, device=B.DEV), (pos + base).to(B.DEV),
+                      torch.tensor([p.temperature for p in params], dtype=torch.float32,
+                                   device=B.DEV),
+                      torch.tensor([sampling.seed_key(p.resolved_seed) for p in params],
+                                   device=B.DEV), base.to(B.DEV))
+    got = vocab_argmax(logits, torch.arange(V, device=B.DEV), keyed=keyed)
+    ok = torch.equal(got, want)
+    record(f"vocab_argmax keyed = the target sampler's token V={V}", ok,
+           "exact" if ok else f"differs at {int((got != want).sum())} of {n}")

@@ -119,6 +119,11 @@
 #       window's 64-position splits: gpu_check moe + fp8attn, fullsize decode, then the trained
 #       default: gpu_runtime, gpu_drafter --only graphs, the in-process chat + German eval (8
 #       prompts, greedy, medians of 2) (~8 min).                carry: engines/carry-b.tar.xz
+#   PART=lb bash bench/gpu_session.sh   coupled drafts (a sampled stream's drafter picks with the
+#       target sampler's noise, EngineArgs.draft_sampling): gpu_check vocabargmax + gumbel, the
+#       trained default's gpu_runtime and gpu_drafter --only graphs, then the in-process chat
+#       + German eval (8 prompts, T = 0.8, medians of 2) coupled, then greedy drafts, then
+#       greedy decoding (medians of 2) (~7 min).               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -360,6 +365,19 @@ case "${PART:-}" in
     step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
+    ;;
+  lb)
+    unpack carry-b
+    step check 60 python3 bench/gpu_check.py --only vocabargmax,gumbel
+    minichecks 200 40 graphs
+    for ds in coupled greedy; do
+      evalmini "sampled_$ds" 110 --categories mt_bench translation --per-category 8 \
+        --humaneval 0 --max-tokens 192 --repeats 2 --temperatures 0.8 --draft-sampling "$ds" \
+        --json "$OUT/sampled_$ds.json"
+    done
+    evalmini greedy 80 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/greedy.json"
+    pack lb
     ;;
   la)
     unpack carry-b

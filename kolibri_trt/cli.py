@@ -79,7 +79,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     llm = LLM(args.engine, speculative=args.speculative, max_num_seqs=args.max_num_seqs,
               device=args.device, enforce_eager=args.enforce_eager,
-              acceptance_method=args.acceptance_method, cpu_affinity=args.cpu_affinity)
+              acceptance_method=args.acceptance_method, draft_sampling=args.draft_sampling,
+              cpu_affinity=args.cpu_affinity)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed)
     prompts = _prompts(args)
@@ -193,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs")
     gen.add_argument("--acceptance-method", default="position-keyed",
                      help="position-keyed | rejection_sampler (sampled drafts)")
+    gen.add_argument("--draft-sampling", default="coupled",
+                     help="coupled | greedy: how the drafter picks a sampled stream's drafts "
+                          "(coupled: with the target sampler's own noise)")
     _affinity_arg(gen)
     gen.set_defaults(func=_generate)
     _serve_parser(sub)

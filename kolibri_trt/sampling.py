@@ -85,12 +85,17 @@ def _mix32_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
+def seed_key(seed: int) -> int:
+    """The 32-bit seed part of :func:`row_key` (seed as an unsigned or signed 64-bit pattern):
+    row_key(seed, n) = mix32(seed_key(seed) ^ n). The drafter's keyed picks take it per stream
+    (kolibri_trt_plugins.vocab_argmax.KeyedRows)."""
+    return _mix32_int(_mix32_int((seed & _M32) ^ 0x9E3779B9) ^ ((seed >> 32) & _M32))
+
+
 def row_key(seed: int, position: int) -> int:
     """The 32-bit key of (64-bit seed, output position): the per-row part of :func:`gumbel_noise`,
     computed on the host (seed as an unsigned or signed 64-bit pattern; position >= 0)."""
-    key = _mix32_int((seed & _M32) ^ 0x9E3779B9)
-    key = _mix32_int(key ^ ((seed >> 32) & _M32))
-    return _mix32_int(key ^ (position & _M32))
+    return _mix32_int(seed_key(seed) ^ (position & _M32))
 
 
 def gumbel_noise_keyed(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -110,17 +110,21 @@ def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
     return _VOCAB_TERM[k]
 
 
-def gumbel_bits_ref(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def gumbel_bits_ref(keys: torch.Tensor, vocab_size: int, ids: torch.Tensor | None = None
+                    ) -> torch.Tensor:
     """The 32-bit hash of (key, token id) as int64 [N, V] in [0, 2**32); keys int64 [N] (only
-    their low 32 bits are used)."""
-    bits = mix32(_vocab_term(vocab_size, keys.device)[None, :] ^ (keys & _M32)[:, None])
+    their low 32 bits are used); token ids 0 .. vocab_size - 1, or ids int64 [V] (ids >= 0:
+    a vocabulary slice)."""
+    term = _vocab_term(vocab_size, keys.device) if ids is None else mul32(ids, 0x9E3779B1)
+    bits = mix32(term[None, :] ^ (keys & _M32)[:, None])
     return mix32(bits ^ 0x5BD1E995)
 
 
-def gumbel_noise_ref(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def gumbel_noise_ref(keys: torch.Tensor, vocab_size: int, ids: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """Standard Gumbel noise keyed by the row keys int64 [N]: fp32 [N, V] (what
-    kolibri_trt.sampling.gumbel_noise_keyed returns)."""
-    bits = gumbel_bits_ref(keys, vocab_size)
+    kolibri_trt.sampling.gumbel_noise_keyed returns); ids: as `gumbel_bits_ref`'s."""
+    bits = gumbel_bits_ref(keys, vocab_size, ids)
     # 23 bits: b + 0.5 (b < 2**23) is exact in fp32, so u lies in [2**-24, 1 - 2**-24]: never 1.0
     u = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(u))

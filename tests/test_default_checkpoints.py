@@ -66,6 +66,27 @@ def test_default_build_drafts_are_accepted_and_lossless(tmp_path):
     assert spec.accepted["drafter_row0"] > 0, spec.summary()
 
 
+def test_coupled_drafts_are_accepted_more_and_lossless(tmp_path):
+    """Sampled streams (T = 0.8): drafts picked with the target sampler's noise
+    (draft_sampling "coupled") give the tokens of speculative "off", as greedy drafts do, and
+    the drafter's drafts are accepted more often than its greedy ones."""
+    engine, _ = build_engine(BuildOptions(target="cpu", weights="bf16", out=tmp_path / "e",
+                                          progress=False))
+    prompts = [TEXTS["de"][:60], "Write a short story about a dog who learns to"]
+    params = SamplingParams(max_tokens=48, temperature=0.8, seed=5, ignore_eos=True)
+    out, accepted = {}, {}
+    for mode, how in (("off", "coupled"), ("drafter", "greedy"), ("drafter", "coupled")):
+        llm = LLM(engine, speculative=mode, max_num_seqs=2, max_model_len=256,
+                  draft_sampling=how)
+        res = llm.generate(prompts, params)
+        out[mode, how] = [r.token_ids for r in res]
+        accepted[mode, how] = sum(sum(v for k, v in r.metrics.spec.accepted.items()
+                                      if k.startswith("drafter")) for r in res)
+    assert out["drafter", "greedy"] == out["off", "coupled"]
+    assert out["drafter", "coupled"] == out["off", "coupled"]
+    assert accepted["drafter", "coupled"] > accepted["drafter", "greedy"] > 0, accepted
+
+
 def test_missing_default_names_the_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(builder_engine, "DEFAULT_CHECKPOINTS", tmp_path / "none")
     with pytest.raises(BuildError, match="none.*--model"):

@@ -5,7 +5,7 @@
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
         [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off]
-        [--drafter-chain auto|on|off]
+        [--drafter-chain auto|on|off] [--draft-sampling coupled|greedy]
         [--drafter-stream own|current] [--repeats R] [--streams N]
         [--isolated K [--isolated-modes copy copy+drafter]]
         [--prompts-dir DIR] [--json out.json]
@@ -88,6 +88,7 @@ def run_modes(args, modes, prompts, temps) -> dict:
                    max_model_len=args.max_model_len, device=args.device,
                    drafter_depth=args.drafter_depth, drafter_attention=args.drafter_attention,
                    drafter_gate=args.drafter_gate, cpu_affinity=args.cpu_affinity,
+                   draft_sampling=args.draft_sampling,
                    drafts_on_device=DRAFTS_ON_DEVICE[args.drafts_on_device],
                    drafter_chain=DRAFTS_ON_DEVICE[args.drafter_chain])
             for m in modes}
@@ -160,14 +161,17 @@ def summarize_runs(runs: list[tuple], ids: list[list[int]]) -> dict:
 
 
 @torch.no_grad()
-def teacher_forced(target, drafter, prompt: list[int], output: list[int]) -> list[list[bool]]:
+def teacher_forced(target, drafter, prompt: list[int], output: list[int],
+                   keyed: tuple[float, int] | None = None) -> list[list[bool]]:
     """Per anchor of the generated part: [row j's draft == the target's token] for the rows
-    whose token exists. prompt/output: token ids."""
+    whose token exists. prompt/output: token ids; keyed: (temperature, seed) of a sampled
+    output whose drafts the engine picks coupled (draft_sampling "coupled"), else None."""
     seq = torch.tensor(prompt + output, dtype=torch.long)
     _, taps = target(seq[None], tap_layers=drafter.config.target_layer_ids)
     n, first = len(seq), len(prompt) - 1
     x = fast_drafter.block_states(drafter, taps.float(), torch.cat([seq[1:], seq[-1:]])[None])
-    _, drafts = fast_drafter.block_logits(drafter, x, None)
+    keys = None if keyed is None else (keyed[0], sampling.seed_key(keyed[1]), len(prompt) - 2)
+    _, drafts = fast_drafter.block_logits(drafter, x, None, keys)
     rows = []
     for p in range(first, n - 2):
         rows.append([bool(drafts[0, p, j] == seq[p + 2 + j])
@@ -199,8 +203,10 @@ def offline_acceptance(args, results) -> dict:
     out = {}
     for temp, cats in results["off"].items():
         for cat, r in cats.items():
+            keyed = (float(temp), SAMPLED_SEED) if float(temp) > 0 \
+                and args.draft_sampling == "coupled" else None
             rows = [x for p, o in zip(r["prompt_ids"], r["token_ids"])
-                    for x in teacher_forced(target, drafter, p, o)]
+                    for x in teacher_forced(target, drafter, p, o, keyed)]
             out.setdefault(str(temp), {})[cat] = acceptance(rows, drafter.config.block_size)
     return out
 
@@ -256,6 +262,9 @@ def parser() -> argparse.ArgumentParser:
                     help="EngineArgs.cpu_affinity: gpu-local or a CPU list (default: as it is)")
     ap.add_argument("--drafter-gate", default="always", choices=["always", "adaptive"],
                     help="when a copy miss gets a drafter round (EngineArgs.drafter_gate)")
+    ap.add_argument("--draft-sampling", default="coupled", choices=["coupled", "greedy"],
+                    help="how the drafter picks a sampled stream's drafts "
+                         "(EngineArgs.draft_sampling); also the offline acceptance's picks")
     ap.add_argument("--drafts-on-device", default="auto",
                     choices=list(DRAFTS_ON_DEVICE),
                     help="leave the drafter's drafts on the device until verification "

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kolibri_trt.model import ops
+from kolibri_trt_plugins.vocab_argmax import KeyedRows, vocab_argmax_ref
 
 NEG_INF = float("-inf")
 
@@ -102,10 +103,14 @@ def head_weight(drafter) -> torch.Tensor:
     return drafter.target.lm_head[drafter.draft_vocab]
 
 
-def block_logits(drafter, x: torch.Tensor, pred: torch.Tensor | None
+def block_logits(drafter, x: torch.Tensor, pred: torch.Tensor | None,
+                 keyed: tuple[float, int, int] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Heads of every row. x: [Bt, T, B, H]; pred: int64 [Bt, T] target ids (row j of anchor p
-    reads pred[p + j], clamped to the window), or None for the drafter's own drafts.
+    reads pred[p + j], clamped to the window), or None for the drafter's own drafts; keyed:
+    None (greedy drafts), or (temperature > 0, seed_key, base) of a sampled sequence (Bt = 1,
+    anchor p = position p): the drafts the engine's coupled picks make
+    (kolibri_trt_plugins.vocab_argmax.KeyedRows: row j's output position is p + j - base).
 
     Returns (logits [Bt, T, B, Vd] in the compute dtype, drafts int64 [Bt, T, B] target ids).
     """
@@ -122,5 +127,13 @@ def block_logits(drafter, x: torch.Tensor, pred: torch.Tensor | None
             g = drafter.predecessor(x[:, :, j], e)
         lj = F.linear(ops.rms_norm(g, drafter.norm.weight, c.rms_norm_eps), head.to(g.dtype))
         outs.append(lj)
-        drafts.append(drafter.draft_vocab[torch.argmax(lj.float(), dim=-1)])
+        if keyed is None:
+            drafts.append(drafter.draft_vocab[torch.argmax(lj.float(), dim=-1)])
+        else:
+            rows = KeyedRows(torch.zeros(t, dtype=torch.long, device=x.device),
+                             torch.arange(t, device=x.device) + j,
+                             torch.tensor([keyed[0]], dtype=torch.float32, device=x.device),
+                             torch.tensor([keyed[1]], device=x.device),
+                             torch.tensor([keyed[2]], device=x.device))
+            drafts.append(vocab_argmax_ref(lj[0].float(), drafter.draft_vocab, rows)[None])
     return torch.stack(outs, dim=2), torch.stack(drafts, dim=2)

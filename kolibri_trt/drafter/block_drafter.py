@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from kolibri_trt_plugins.vocab_argmax import KeyedRows, vocab_argmax_ref
 
 from ..checkpoint import load_tensors, save_tensors
 from ..config_io import read_json, write_json_atomic
@@ -95,13 +96,15 @@ class KolibriBlockDrafter(nn.Module):
         return self.block_pass_cached(fused[p:], ctx[-1:], [p], [kv])
 
     def block_pass_cached(self, anchor_fused: torch.Tensor, anchor_ctx: torch.Tensor,
-                          anchors: list[int], kvs: list[list[tuple[torch.Tensor, torch.Tensor]]]
-                          ) -> BlockProposal:
+                          anchors: list[int], kvs: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                          keys: tuple[torch.Tensor, ...] | None = None) -> BlockProposal:
         """One batched pass of S streams from cached context keys/values.
 
         anchor_fused, anchor_ctx: [S, H] fused_p and ctx_p; anchors: the S anchor positions;
         kvs[s][l]: layer l's (k, v) [C, Hkv, D] of stream s's context rows at positions
-        p - C .. p - 1, C = min(p, context_window).
+        p - C .. p - 1, C = min(p, context_window); keys: None (greedy heads) or per stream
+        (temperature fp32 [S], seed_key int64 [S], base int64 [S]): coupled picks
+        (`_heads`).
         """
         c = self.config
         mask = self.mask_embedding.to(anchor_fused.dtype).expand(anchor_fused.shape[0], -1)
@@ -112,11 +115,14 @@ class KolibriBlockDrafter(nn.Module):
             torch.arange(c.block_size, device=x.device)[None, :]
         for i, layer in enumerate(self.layers):
             x = layer(x, [kv[i] for kv in kvs], row_pos)
-        return self._heads(x)
+        return self._heads(x, None if keys is None else (row_pos, keys))
 
-    def _heads(self, x: torch.Tensor) -> BlockProposal:
+    def _heads(self, x: torch.Tensor, keyed: tuple | None = None) -> BlockProposal:
         """Sequential output heads over rows j (all streams at once): g_0 = x_0;
-        g_j = predecessor(x_j, E[d_j]) for j >= 1. x: [S, B, H]."""
+        g_j = predecessor(x_j, E[d_j]) for j >= 1. x: [S, B, H]. keyed: None (greedy picks), or
+        (row positions int64 [S, B], per-stream (temperature, seed_key, base)): a stream with
+        temperature > 0 picks argmax of logits / T plus the target sampler's Gumbel noise at
+        the draft's output position (kolibri_trt_plugins.vocab_argmax, `KeyedRows`)."""
         head = self.head_slice if self.head_slice is not None \
             else self.target.lm_head[self.draft_vocab]
         states, logits, drafts = [], [], []
@@ -124,27 +130,33 @@ class KolibriBlockDrafter(nn.Module):
             g = x[:, j] if j == 0 else self.predecessor(x[:, j], self.embed(drafts[-1]))
             lj = ops.linear(self.norm(g).float(), head.float())
             # argmax returns the first maximum: ties go to the lower draft-vocabulary index
-            drafts.append(self.draft_vocab[torch.argmax(lj, dim=-1)])
+            if keyed is None:
+                drafts.append(self.draft_vocab[torch.argmax(lj, dim=-1)])
+            else:
+                rows = KeyedRows(torch.arange(x.shape[0], device=x.device), keyed[0][:, j],
+                                 *keyed[1])
+                drafts.append(vocab_argmax_ref(lj, self.draft_vocab, rows))
             states.append(g)
             logits.append(lj)
         return BlockProposal(torch.stack(drafts, 1), torch.stack(logits, 1), torch.stack(states, 1))
 
     @torch.no_grad()
     def propose_cached(self, fused_p: torch.Tensor, next_p: torch.Tensor, anchors: list[int],
-                       kvs: list[list[tuple[torch.Tensor, torch.Tensor]]], depth: int
+                       kvs: list[list[tuple[torch.Tensor, torch.Tensor]]], depth: int,
+                       keys: tuple[torch.Tensor, ...] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """`depth` batched passes for S streams from cached context keys/values (what an
         engine runs: every stream of the round in one pass).
 
         fused_p: [S, H] anchors' fused states; next_p: int64 [S] their sampled next tokens;
-        anchors: anchor positions; kvs: as `block_pass_cached`. Provisional rows of earlier
+        anchors: anchor positions; kvs, keys: as `block_pass_cached`. Provisional rows of earlier
         passes go into copies of kvs and are dropped at return. Returns drafts int64
         [S, depth*B] and fp32 logits [S, depth*B, Vd] (per stream as `propose_depth`).
         """
         c, drafts, logits = self.config, [], []
         anchor_ctx = self.context_rows(fused_p, next_p)
         for r in range(depth):
-            out = self.block_pass_cached(fused_p, anchor_ctx, anchors, kvs)
+            out = self.block_pass_cached(fused_p, anchor_ctx, anchors, kvs, keys)
             drafts.append(out.draft_ids)
             logits.append(out.logits)
             if r == depth - 1:

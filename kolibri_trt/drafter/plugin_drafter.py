@@ -17,8 +17,8 @@ runs:
   taps (one per tap: a segmented norm before `fuse`) and the head (the final norm) are the
   GEMVs' prologue; the residual adds after o_proj, down and U (the heads' g = x_j + res) and
   of the predecessor's B term, SwiGLU on w13 and silu on the spine's and predecessor's A are
-  their epilogue; the embedding rows of the drafts are gathered by B's loads; the greedy
-  pick is one `vocab_argmax`. The maths of `ops.rms_norm` (bf16 gains made once). RoPE is
+  their epilogue; the embedding rows of the drafts are gathered by B's loads; the pick is
+  one `vocab_argmax` (greedy, or with `keyed` coupled to the target's sampler). The maths of `ops.rms_norm` (bf16 gains made once). RoPE is
   a rotation table made once (`plugin_glue.rope_table`, the values of `ops.rope_cos_sin`)
   applied in two elementwise ops (`apply_rope_rotation`, bit for bit `ops.apply_rope`) or
   by the `rope_ring_write` plugin; the embedding is the target's, bf16; activations bf16
@@ -100,6 +100,10 @@ class DrafterPlugin:
         self.mask_embedding, self.layers = mask_embedding, list(layers)
         self.predecessor, self.norm, self.head, self.attn = predecessor, norm, head, attn
         self.device = embed.device
+        # True: the heads pick with `KeyedRows` from the ring's per-slot tables (a sampled
+        # stream's drafts coupled to the target's sampler, plugins/vocab_argmax.py); set before
+        # any graph is captured (the engine's draft_sampling "coupled")
+        self.keyed = False
         # per layer (input, post, spine or None) gains, bf16 [H] contiguous: the plugin's layout
         self.gains = [(_bf16(w.input_norm), _bf16(w.post_norm),
                        None if w.spine is None else _bf16(w.spine[0])) for w in self.layers]
@@ -266,8 +270,9 @@ class DrafterPlugin:
             for i, w in enumerate(self.layers):
                 x = self._layer(ring, i, w, x, rope, slots2, rows, slots, seen, length)
             cols = slice(r * b, (r + 1) * b)
+            keyed = [ring.keyed(slots, pos[:, j]) for j in range(b)] if self.keyed else None
             states = self._heads(x, drafts[:, cols], None if out is None else out[:, cols],
-                                 r < depth - 1)
+                                 r < depth - 1, keyed)
             if r == depth - 1:
                 break
             anchor_ctx, mask_rows = self._provisional(ring, states, drafts[:, cols], anchor_ctx,
@@ -329,12 +334,14 @@ class DrafterPlugin:
         return ring_attention(q, kv, slots, mask.visible, length, self.attn)
 
     def _heads(self, x: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor | None,
-               keep_states: bool) -> torch.Tensor | None:
+               keep_states: bool, keyed: list | None = None) -> torch.Tensor | None:
         """Sequential heads (`KolibriBlockDrafter._heads`) over x bf16 [S, B, H]: drafts int64
         [S, B] (target ids) and fp32 logits [S, B, Vd] written into the given views (logits
         None: the argmax reads `PluginHead.scores`, bf16 for NVFP4: the values the fp32 copy
         holds exactly, so the same index); returns the states bf16 [S, B, H] if keep_states.
-        The predecessor's residual add is U's epilogue, the final norm the head's prologue."""
+        The predecessor's residual add is U's epilogue, the final norm the head's prologue.
+        keyed: per row j the `KeyedRows` of its pick (sampled streams' coupled drafts), or None
+        (greedy)."""
         a, bm, u = self.predecessor
         eps = self.config.rms_norm_eps
         states = []
@@ -348,7 +355,8 @@ class DrafterPlugin:
                 self.head.into(g, logits[:, j], self.norm_bf16, eps)
                 scores = logits[:, j]
             # the first maximum: ties go to the lower draft-vocabulary index (one launch)
-            vocab_argmax(scores, self.draft_vocab, out=drafts[:, j])
+            vocab_argmax(scores, self.draft_vocab, out=drafts[:, j],
+                         keyed=None if keyed is None else keyed[j])
             states.append(g)
         return torch.stack(states, 1) if keep_states else None
 

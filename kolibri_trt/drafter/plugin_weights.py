@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from kolibri_trt_plugins import add_rms_norm, fp8_gemv, nvfp4_gemv
 from kolibri_trt_plugins.fp8_gemv import interleave_rows
+from kolibri_trt_plugins.vocab_argmax import KeyedRows
 
 from ..model import ops
 from .config import DrafterConfig
@@ -179,16 +180,37 @@ class DrafterRing:
     round gathers a layer's keys and values with one index_select; k, v: per layer views
     kv[i, 0], kv[i, 1] [slots + 1, R, Hkv, D]; pos: int64 [slots + 1, R], the absolute position
     each ring row holds, -1 = empty. Row `trash` = slots is written by padding and never read
-    by a real stream."""
+    by a real stream. Per slot, how its stream's heads pick (`keyed`, the tables of
+    kolibri_trt_plugins.vocab_argmax.KeyedRows): temperature fp32 [slots + 1] (0 = greedy),
+    seed_key int64 [slots + 1], base int64 [slots + 1] (output position = position - base)."""
 
     kv: torch.Tensor
     pos: torch.Tensor
     k: list[torch.Tensor] = field(init=False, repr=False)
     v: list[torch.Tensor] = field(init=False, repr=False)
+    temperature: torch.Tensor = field(init=False, repr=False)
+    seed_key: torch.Tensor = field(init=False, repr=False)
+    base: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
         self.k = [self.kv[i, 0] for i in range(self.kv.shape[0])]
         self.v = [self.kv[i, 1] for i in range(self.kv.shape[0])]
+        z, dev = self.pos.shape[0], self.pos.device
+        self.temperature = torch.zeros(z, dtype=torch.float32, device=dev)
+        self.seed_key = torch.zeros(z, dtype=torch.long, device=dev)
+        self.base = torch.zeros(z, dtype=torch.long, device=dev)
+
+    def keyed(self, slots: torch.Tensor, positions: torch.Tensor) -> KeyedRows:
+        """The heads' `KeyedRows` for rows of slots int64 [N] at positions int64 [N] (the
+        block rows' own positions p + j; their drafts stand at p + j + 2)."""
+        return KeyedRows(slots, positions, self.temperature, self.seed_key, self.base)
+
+    def set_keys(self, slot: int, temperature: float, seed_key: int, base: int) -> None:
+        """How `slot`'s heads pick from now on (class docstring): fills on the device, no host
+        sync (call between rounds, on the rounds' stream)."""
+        self.temperature[slot] = temperature
+        self.seed_key[slot] = seed_key
+        self.base[slot] = base
 
     @property
     def size(self) -> int:

@@ -98,7 +98,10 @@ class LLMEngine:
             chain = defer and overlap and isinstance(proposer, PluginDrafterProposer)
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
                                      gate=self.args.drafter_gate, overlap=overlap, defer=defer,
-                                     chain=chain)
+                                     chain=chain,
+                                     coupled=self.args.draft_sampling == "coupled")
+        if isinstance(proposer, PluginDrafterProposer):   # before any graph is captured
+            proposer.drafter.keyed = self.speculator.coupled
         if self.speculator.chain_rounds:   # graphs: the input ids where the target's keep them
             proposer.enable_chain(self.args.num_speculative_tokens, self.runner.max_t,
                                   self.runner.static["input_ids"] if self.runner.use_graphs
@@ -176,7 +179,7 @@ class LLMEngine:
         out = RequestOutput(rid, text, ids)
         out.metrics.num_prompt_tokens = len(ids)
         self.requests[rid] = (seq, proc, out)
-        self.speculator.add(rid, ids)
+        self.speculator.add(rid, ids, params)
         self.scheduler.add(seq)
         return rid
 

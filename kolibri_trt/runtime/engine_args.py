@@ -13,6 +13,7 @@ MODEL_IMPLS = ("auto", "reference", "plugins")
 # command-line spelling of drafts_on_device (tools/eval_acceptance.py, bench/profile_generate.py)
 DRAFTS_ON_DEVICE = {"auto": None, "on": True, "off": False}
 ACCEPTANCE_METHODS = ("position-keyed", "rejection_sampler")
+DRAFT_SAMPLING = ("coupled", "greedy")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class EngineArgs:
     # how sampled drafts are accepted: "position-keyed" (identical to non-speculative output)
     # or "rejection_sampler" (Leviathan et al. 2023; same distribution, not the same tokens)
     acceptance_method: str = "position-keyed"
+    # how the drafter picks a sampled stream's drafts: "coupled" (argmax of logits / T plus the
+    # target sampler's own position-keyed Gumbel noise: plugins/vocab_argmax.py) or "greedy"
+    draft_sampling: str = "coupled"
     # pin the engine's host thread: None (as it is), "gpu-local" (the CPUs next to the GPU) or
     # a CPU list such as "0-3,8" (runtime/cpu_affinity.py)
     cpu_affinity: str | None = None
@@ -60,6 +64,7 @@ class EngineArgs:
     def __post_init__(self) -> None:
         check_cpu_affinity(self.cpu_affinity)
         for name, choices in (("acceptance_method", ACCEPTANCE_METHODS), ("drafter_gate", GATES),
+                              ("draft_sampling", DRAFT_SAMPLING),
                               ("drafter_attention", DRAFTER_ATTENTION),
                               ("model_impl", MODEL_IMPLS)):
             if getattr(self, name) not in choices:

@@ -40,10 +40,19 @@ class DrafterProposer:
             raise ValueError(f"depth: must be >= 1, got {depth}")
         self.drafter, self.depth = drafter, depth
         self.streams: dict[str, DrafterStream] = {}
+        self.keys: dict[str, tuple[float, int, int]] = {}   # `set_sampling`, per stream
 
     @property
     def num_drafts(self) -> int:
         return self.depth * self.drafter.config.block_size
+
+    def set_sampling(self, request_id: str, keys: tuple[float, int, int] | None) -> None:
+        """Coupled drafts for a sampled stream: keys = (temperature > 0, seed_key, base), as
+        `PluginDrafterProposer.set_sampling`; None: greedy picks (and forgotten)."""
+        if keys is None:
+            self.keys.pop(request_id, None)
+        else:
+            self.keys[request_id] = keys
 
     def reset(self, request_id: str) -> None:
         """Forget a stream (finished, aborted, or preempted: its prefill is observed again)."""
@@ -95,8 +104,15 @@ class DrafterProposer:
             return {}
         fused = torch.stack([st.fused[-1] for _, st, _, _ in ready])
         nxt = torch.tensor([t for *_, t in ready], device=fused.device)
+        keys = None
+        if any(rid in self.keys for rid, *_ in ready):
+            k = [self.keys.get(rid, (0.0, 0, 0)) for rid, *_ in ready]
+            keys = (torch.tensor([t for t, _, _ in k], dtype=torch.float32),
+                    torch.tensor([s for _, s, _ in k]), torch.tensor([b for *_, b in k]))
+            keys = tuple(x.to(fused.device) for x in keys)
         drafts, _ = self.drafter.propose_cached(fused, nxt, [p for _, _, p, _ in ready],
-                                                [st.kv for _, st, _, _ in ready], self.depth)
+                                                [st.kv for _, st, _, _ in ready], self.depth,
+                                                keys)
         return {rid: row.tolist() for (rid, *_), row in zip(ready, drafts)}
 
     def _extend_context(self, st: DrafterStream, tokens: list[int], p: int) -> None:

@@ -109,6 +109,7 @@ class PluginDrafterProposer:
         self._chain: tuple[list[str], torch.Tensor, set[str], set[str]] | None = None
         self.rounds_chained = 0                      # launches served by a chained round
         self._views: dict[torch.Size, tuple[torch.Tensor, torch.Tensor]] = {}   # `deferred`
+        self.keys: dict[str, tuple[float, int, int]] = {}   # `set_sampling`, per stream
         self.free = list(range(max_streams - 1, -1, -1))
         self.evicted: set[str] = set()
         self._clock = 0
@@ -141,6 +142,19 @@ class PluginDrafterProposer:
         if st is not None:
             self.free.append(st.slot)
 
+    def set_sampling(self, request_id: str, keys: tuple[float, int, int] | None) -> None:
+        """How the stream's heads pick (with `DrafterPlugin.keyed`): keys = (temperature > 0,
+        seed_key, base) of its coupled drafts (`DrafterRing.set_keys`), or None: greedy (and
+        forgotten). Kept across `reset` (a preempted stream keeps its sampling)."""
+        if keys is None:
+            self.keys.pop(request_id, None)
+        else:
+            self.keys[request_id] = keys
+        st = self.streams.get(request_id)
+        if st is not None:
+            with self._on_stream():
+                self.runner.ring.set_keys(st.slot, *(keys or (0.0, 0, 0)))
+
     def _allocate(self, request_id: str) -> _Stream:
         if not self.free:
             victim = min(self.streams, key=lambda r: self.streams[r].last_used)
@@ -149,6 +163,7 @@ class PluginDrafterProposer:
         slot = self.free.pop()
         with self._on_stream():                # after any round still writing the ring
             self.runner.ring.clear(slot)
+            self.runner.ring.set_keys(slot, *self.keys.get(request_id, (0.0, 0, 0)))
         st = self.streams[request_id] = _Stream(slot, last_used=self._clock)
         return st
 

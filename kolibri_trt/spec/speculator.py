@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import SamplingParams, seed_key
 from .copy_proposer import CopyIndex
 from .drafter_gate import DrafterGate
 from .drafter_proposer import DrafterProposer
@@ -31,11 +32,13 @@ class Speculator:
     tokens (`discard_deferred`; `resolve_deferred` reads them alone). `chain` (with `defer`):
     the engine hands `chain` each step's candidates while it verifies the step, and the
     drafter enqueues their next round on the device right then (`drafter_chain.py`); the
-    prefetch then takes that round instead of launching one."""
+    prefetch then takes that round instead of launching one. `coupled`: a sampled stream's
+    drafter drafts are picked with the target sampler's position-keyed noise (`add`)."""
 
     def __init__(self, mode: str, drafter: DrafterProposer | None, limit: int,
                  min_ngram: int = 2, max_ngram: int = 4, gate: str = "always",
-                 overlap: bool = False, defer: bool = False, chain: bool = False):
+                 overlap: bool = False, defer: bool = False, chain: bool = False,
+                 coupled: bool = False):
         if mode not in MODES:
             raise ValueError(f"speculative: must be one of {list(MODES)}, got {mode!r}")
         if "drafter" in mode and drafter is None:
@@ -57,6 +60,7 @@ class Speculator:
             raise ValueError("drafter_chain: needs drafter_overlap and drafts_on_device on the "
                              "drafter's kernel path")
         self.chain_rounds = chain
+        self.coupled = coupled and self.needs_taps
         self.deferred: DeferredDrafts | None = None   # the last propose_all's, until taken
         self.prefetched: set[str] | None = None   # streams of the round in flight
         self.prefetch_seen: set[str] = set()      # streams `prefetch` decided on
@@ -66,16 +70,29 @@ class Speculator:
     def needs_taps(self) -> bool:
         return self.drafter is not None and "drafter" in self.mode
 
-    def add(self, request_id: str, prompt: list[int]) -> None:
+    def add(self, request_id: str, prompt: list[int],
+            params: SamplingParams | None = None) -> None:
+        """A new stream. With `coupled` and params sampling (temperature > 0), its drafter
+        picks argmax of logits / T plus the Gumbel noise the target's sampler draws at each
+        draft's output position (`kolibri_trt_plugins.vocab_argmax`: the same noise, so the
+        draft equals the target's sampled token far more often than the drafter's greedy
+        token does; verification, and so the output, are unchanged)."""
         if "copy" in self.mode:
             self.copy[request_id] = CopyIndex(*self.ngram)
             self.copy[request_id].extend(prompt)
+        if self.coupled and params is not None and not params.greedy:
+            # a block row at position q drafts the token at q + 2: output position q + 2 - len
+            self.drafter.set_sampling(request_id, (float(params.temperature),
+                                                   seed_key(params.resolved_seed),
+                                                   len(prompt) - 2))
 
     def drop(self, request_id: str) -> None:
         self.copy.pop(request_id, None)
         self.gate.drop(request_id)
         if self.drafter is not None:
             self.drafter.reset(request_id)
+            if self.coupled:
+                self.drafter.set_sampling(request_id, None)
 
     def propose_all(self, items: list[tuple[str, list[int], int]]
                     ) -> dict[str, tuple[list[int], list[str]]]:
