@@ -124,6 +124,10 @@
 #       trained default's gpu_runtime and gpu_drafter --only graphs, then the in-process chat
 #       + German eval (8 prompts, T = 0.8, medians of 2) coupled, then greedy drafts, then
 #       greedy decoding (medians of 2) (~7 min).               carry: engines/carry-b.tar.xz
+#   PART=lc bash bench/gpu_session.sh   held-out prompts (each category's first 8 left out: the
+#       earlier runs chose settings on them), coupled drafts: chat + German, 16 prompts each,
+#       greedy and T = 0.8, medians of 3; then the README's table (every category, 4 prompts
+#       + 4 HumanEval, greedy and T = 0.8, medians of 3) (~6 min). carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -368,6 +372,14 @@ case "${PART:-}" in
     step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
+    ;;
+  lc)
+    unpack carry-b
+    evalmini heldout 230 --categories mt_bench translation --per-category 16 --skip 8 \
+      --humaneval 0 --max-tokens 192 --repeats 3 --json "$OUT/heldout.json"
+    evalmini table 280 --per-category 4 --skip 8 --humaneval 4 --max-tokens 192 --repeats 3 \
+      --json "$OUT/table.json"
+    pack lc
     ;;
   lb)
     unpack carry-b

@@ -24,7 +24,8 @@ def test_isolated_children_get_the_parents_options():
                           "translation", "--humaneval", "0", "--max-tokens", "50",
                           "--temperatures", "0", "0.8", "--device", "cuda", "--repeats", "2",
                           "--drafter-gate", "adaptive", "--drafter-depth", "2",
-                          "--cpu-affinity", "0-3", "--isolated", "3"])
+                          "--cpu-affinity", "0-3", "--isolated", "3", "--skip", "8",
+                          "--draft-sampling", "greedy"])
     child = ap.parse_args(eval_isolated.child_argv(args) + ["--one-mode", "copy", "--json", "x"])
     skip = {"isolated", "isolated_modes", "one_mode", "json"}
     assert {k: v for k, v in vars(child).items() if k not in skip} == \
@@ -82,3 +83,18 @@ def test_streams_time_the_batch_over_its_wall(monkeypatch):
     for bad in (["--streams", "0"], ["--streams", "2", "--isolated", "2"]):
         with pytest.raises(SystemExit):
             eval_acceptance.main(["--engine", "e"] + bad)
+
+
+def test_skip_leaves_out_the_first_prompts_of_each_category():
+    """`eval_acceptance --skip N`: each category's prompts start after its first N (held-out
+    prompts), then the HumanEval ones."""
+    import eval_acceptance
+    ap = eval_acceptance.parser()
+    base = ["--engine", "e", "--categories", "translation", "mt_bench", "--humaneval", "1",
+            "--per-category", "3"]
+    first = eval_acceptance.load_eval_prompts(ap.parse_args(base + ["--per-category", "5"]))
+    later = eval_acceptance.load_eval_prompts(ap.parse_args(base + ["--skip", "2"]))
+    for cat in ("translation", "mt_bench"):
+        assert [p.text for p in later if p.category == cat] == \
+            [p.text for p in first if p.category == cat][2:5]
+    assert len(later) == 7 and later[-1].text == first[-1].text

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Acceptance of the block drafter on prompts no checkpoint trained on, through a built engine:
 
-    python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--humaneval 2]
+    python tools/eval_acceptance.py --engine engines/mini [--per-category 2] [--skip 0] [--humaneval 2]
         [--max-tokens 96] [--temperatures 0 0.8] [--template raw|chat] [--device cpu] [--drafter-depth N]
         [--drafter-attention dense|sdpa|kernel] [--sampler fused|torch]
         [--drafter-gate always|adaptive] [--drafts-on-device auto|on|off]
@@ -64,8 +64,18 @@ SAMPLED_SEED = 1
 
 
 def load_eval_prompts(args) -> list:
+    """--per-category prompts of each category after its first --skip (file order), then
+    --humaneval HumanEval prompts."""
     out = load_prompts(args.prompts_dir / "spec_bench_question.jsonl",
-                       per_category=args.per_category, categories=tuple(args.categories))
+                       per_category=args.skip + args.per_category,
+                       categories=tuple(args.categories))
+    seen: dict[str, int] = {}
+    kept = []
+    for p in out:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] > args.skip:
+            kept.append(p)
+    out = kept
     if args.humaneval:
         out += load_prompts(args.prompts_dir / "human_eval.jsonl.gz", limit=args.humaneval)
     return out
@@ -250,6 +260,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
                     help="the Spec-Bench categories to run (default: all four)")
+    ap.add_argument("--skip", type=int, default=0, metavar="N",
+                    help="leave out the first N prompts of each category (held-out prompts: "
+                         "the earlier runs chose settings on the first ones)")
     ap.add_argument("--humaneval", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -300,6 +313,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.skip < 0:
+        ap.error(f"--skip: must be >= 0, got {args.skip}")
     if args.repeats < 1:
         ap.error(f"--repeats: must be >= 1, got {args.repeats}")
     if args.isolated < 0:

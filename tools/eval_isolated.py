@@ -33,6 +33,7 @@ def child_argv(args) -> list[str]:
            "--drafter-gate", args.drafter_gate, "--drafts-on-device", args.drafts_on_device,
            "--drafter-chain", args.drafter_chain,
            "--drafter-stream", args.drafter_stream, "--sampler", args.sampler,
+           "--draft-sampling", args.draft_sampling, "--skip", str(args.skip),
            "--prompts-dir", str(args.prompts_dir), "--repeats", str(args.repeats)]
     if args.drafter_depth is not None:
         out += ["--drafter-depth", str(args.drafter_depth)]
