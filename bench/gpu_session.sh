@@ -128,6 +128,9 @@
 #       earlier runs chose settings on them), coupled drafts: chat + German, 16 prompts each,
 #       greedy and T = 0.8, medians of 3; then the README's table (every category, 4 prompts
 #       + 4 HumanEval, greedy and T = 0.8, medians of 3) (~6 min). carry: engines/carry-b.tar.xz
+#   PART=ld bash bench/gpu_session.sh   bench/pdl_probe.py: a chain of small GEMVs in one CUDA
+#       graph, plain launches against programmatic dependent launch (PDL), with and without
+#       the weight tile loaded before the wait (~1 min, no engine).
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -372,6 +375,10 @@ case "${PART:-}" in
     step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
+    ;;
+  ld)
+    step pdl 120 python3 bench/pdl_probe.py --out "$OUT"
+    pack ld
     ;;
   lc)
     unpack carry-b
