@@ -35,16 +35,18 @@ except ImportError:                      # CPU machines: the module imports, mai
 
 SHAPES = ((768, 256), (256, 256), (1024, 256), (2560, 2560))   # (N, K): mini / drafter, full
 BLOCK_N = 64
+BLOCK_K = 256       # every K of SHAPES is a multiple
 
 
 if triton is not None:
     @triton.jit
     def _gemv(w_ptr, x_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
-              MODE: tl.constexpr):
-        """y[n] = sum_k w[n, k] x[k] (fp32 accumulate, bf16 out); MODE 0 plain, 1 pdl (wait
-        first), 2 pdl with the weight tile loaded before the wait."""
+              BLOCK_K: tl.constexpr, MODE: tl.constexpr):
+        """y[n] = sum_k w[n, k] x[k] (fp32 accumulate, bf16 out; K a multiple of BLOCK_K);
+        MODE 0 plain, 1 pdl (wait first), 2 pdl with the first weight tile loaded before the
+        wait."""
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.arange(0, K)
+        k = tl.arange(0, BLOCK_K)
         m = n < N
         if MODE > 0:
             gdc_launch_dependents()
@@ -57,6 +59,10 @@ if triton is not None:
             w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=m[:, None], other=0.0)
         x = tl.load(x_ptr + k)
         y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w = tl.load(w_ptr + n[:, None] * K + k0 + k[None, :], mask=m[:, None], other=0.0)
+            x = tl.load(x_ptr + k0 + k)
+            y += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
         tl.store(y_ptr + n, y.to(tl.bfloat16), mask=m)
 
 
@@ -66,8 +72,8 @@ def chain(ws, x0, bufs, mode: int) -> None:
     for i, w in enumerate(ws):
         N, K = w.shape
         y = bufs[(i + 1) % 2]
-        _gemv[(triton.cdiv(N, BLOCK_N),)](w, x, y, N, K=K, BLOCK_N=BLOCK_N, MODE=mode,
-                                          num_warps=4, launch_pdl=mode > 0)
+        _gemv[(triton.cdiv(N, BLOCK_N),)](w, x, y, N, K=K, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                                          MODE=mode, num_warps=4, launch_pdl=mode > 0)
         x = y
 
 
