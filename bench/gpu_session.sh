@@ -131,6 +131,11 @@
 #   PART=ld bash bench/gpu_session.sh   bench/pdl_probe.py: a chain of small GEMVs in one CUDA
 #       graph, plain launches against programmatic dependent launch (PDL), with and without
 #       the weight tile loaded before the wait (~1 min, no engine).
+#   PART=le bash bench/gpu_session.sh   programmatic dependent launch in every plugin kernel
+#       (plugins/_common.py PDL): gpu_check of the kernels (graphs replayed twice, batch
+#       invariance), the trained default's gpu_runtime and gpu_drafter --only graphs, fullsize
+#       decode, then the chat + German eval (8 prompts, greedy, medians of 2) with PDL and with
+#       KOLIBRI_PDL=0 (~8 min).                                 carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -375,6 +380,18 @@ case "${PART:-}" in
     step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
+    ;;
+  le)
+    unpack carry-b
+    step check 170 python3 bench/gpu_check.py \
+      --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+    minichecks 190 40 graphs
+    step fullsize 60 python3 bench/fullsize.py --out "$OUT" --parts decode --budget 45
+    evalmini eval_pdl 60 --categories mt_bench translation --per-category 8 --humaneval 0 \
+      --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_pdl.json"
+    KOLIBRI_PDL=0 evalmini eval_nopdl 60 --categories mt_bench translation --per-category 8 \
+      --humaneval 0 --max-tokens 192 --repeats 2 --temperatures 0 --json "$OUT/eval_nopdl.json"
+    pack le
     ;;
   ld)
     step pdl 120 python3 bench/pdl_probe.py --out "$OUT"

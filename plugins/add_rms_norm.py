@@ -13,11 +13,14 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 
 
 @jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
-                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, BLOCK)
     m = n < N

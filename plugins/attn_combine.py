@@ -13,13 +13,16 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 
 SPLIT_CHUNK = 16
 
 
 @jit
 def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S,
-                         S_P: tl.constexpr, SC: tl.constexpr, D: tl.constexpr):
+                         S_P: tl.constexpr, SC: tl.constexpr, D: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     jj = tl.arange(0, S_P)
     m_all = tl.load(m_ptr + row * S + jj, mask=jj < S, other=float("-inf"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 
 FIELDS = 5      # fields rows: first row in the step, drafts k, start position, ring slot, valid
 
@@ -35,7 +36,8 @@ def _chain_index_kernel(f_ptr, f_stride, inp_ptr, own_ptr, last, off_ptr, r_ptr,
                         c_ptr, c_stride, ring_size, hist_rows, trash,
                         S_B: tl.constexpr, W: tl.constexpr, W_P: tl.constexpr,
                         DEPTH: tl.constexpr, B: tl.constexpr, B_P: tl.constexpr,
-                        N_B: tl.constexpr, N_P: tl.constexpr):
+                        N_B: tl.constexpr, N_P: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     s = tl.arange(0, S_B)
     row0 = tl.load(f_ptr + s)
     k = tl.load(f_ptr + f_stride + s)

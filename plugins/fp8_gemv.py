@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
 from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
@@ -65,11 +66,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                      SUB_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                      DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
                      NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
-                     X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1):
+                     X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1,
+                     PDL: tl.constexpr = False):
     """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
     X_ROWS: x row ids[m] feeds output row m (`x_rows`)."""
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -146,9 +149,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
 @jit
 def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.constexpr,
                             SPLIT: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr = 0,
-                            RES: tl.constexpr = False):
+                            RES: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[m, n] = bf16(scale · Σ_s p[s, m, n]), s = 0..SPLIT-1 in order, then the epilogue
     (`_store_out`); grid (M, N / BLOCK)."""
+    pdl_enter(PDL)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     nmask = n < N
     offs = tl.program_id(0).to(tl.int64) * N + n

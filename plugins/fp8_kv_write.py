@@ -11,6 +11,7 @@ import torch
 
 from ._common import (NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, launch,
                       next_pow2, tl)
+from ._common import pdl_enter
 
 HEAD_DIM = 128
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -19,7 +20,8 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 @jit
 def _fp8_kv_write_kernel(k_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                          sk_t, sk_h, sv_t, sv_h, HKV,
-                         HKV_P: tl.constexpr, D: tl.constexpr):
+                         HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
     h = tl.arange(0, HKV_P)

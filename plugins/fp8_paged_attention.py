@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
+from ._common import pdl_enter
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step)
 
@@ -45,7 +46,9 @@ def settings(window: int) -> tuple[int, int, dict]:
 def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_ptr,
                      m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                      BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+                     BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
     rt = pid % RT

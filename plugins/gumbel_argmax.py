@@ -22,6 +22,7 @@ import torch
 
 from ._argmax import argmax_step
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
+from ._common import pdl_enter
 
 BLOCK = 4096        # tokens per loop step on the GPU (num_warps 8: 16 per thread)
 NUM_WARPS = 8
@@ -54,7 +55,8 @@ def _gumbel(bits):
 
 @jit
 def _gumbel_argmax_kernel(logits_ptr, temp_ptr, keys_ptr, out_ptr, stride, V,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     key = tl.load(keys_ptr + n).to(tl.uint32)   # low 32 bits of the int64 key
     t = tl.load(temp_ptr + n)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, tl
+from ._common import pdl_enter
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step)
 from .qk_norm_fold_int4 import dequantize_int4_ref
@@ -139,7 +140,8 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       K_IN_REGS: tl.constexpr, V_IN_REGS: tl.constexpr, DOT_F32: tl.constexpr,
-                      MASK_FREE: tl.constexpr):
+                      MASK_FREE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
     rt = pid % RT

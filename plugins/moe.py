@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
+from ._common import pdl_enter
 from .moe_experts import MAX_TOKENS, launch_moe_experts
 from .moe_route import launch_moe_route, moe_route_ref
 
@@ -22,7 +23,9 @@ BLOCK_H = 256
 
 @jit
 def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, H, so_m, so_s, TOPK: tl.constexpr,
-                        HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr):
+                        HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H

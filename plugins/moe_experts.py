@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
+from ._common import pdl_enter
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
 
@@ -219,13 +220,14 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
                        DECODE: tl.constexpr = 1, ONE: tl.constexpr = False,
-                       SHARED: tl.constexpr = True):
+                       SHARED: tl.constexpr = True, PDL: tl.constexpr = False):
     """Program (n-tile, u[, K range]). SHARED: unit 0 is the shared expert and unit u > 0 the
     (token, slot) pair r = u - 1 of ids (else r = u): the shared expert's programs, which
     pass over the weights once per 16 tokens, are the first the GPU starts (the grid's
     program_id(0) runs fastest). Routed unit r runs only if its expert first appears at r.
     SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
     so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
+    pdl_enter(PDL)
     u = tl.program_id(1)
     is_shared = (u == 0) & SHARED
     r = u - 1 if SHARED else u
@@ -245,9 +247,10 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
 @jit
 def _moe_split_combine_kernel(p_ptr, ids_ptr, ws_ptr, shs_ptr, o_ptr, N, N_SH, sp_s, sp_g, sp_r,
                               so_s, TOPK: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
-                              BLOCK: tl.constexpr):
+                              BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Row r = m·(k+1) + slot: sum the SPLIT partials in order, scale by the row's expert scale;
     GATED: act = bf16(silu(s·gate)·(s·up)), else out = fp32 s·Σ. N_SH = 0: no shared expert."""
+    pdl_enter(PDL)
     r = tl.program_id(0)
     slot = r % (TOPK + 1)
     is_shared = slot == TOPK

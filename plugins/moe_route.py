@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
@@ -31,9 +32,11 @@ SPLIT_H = 5      # H ranges per expert tile (module docstring)
 @jit
 def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-                          MT: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1):
+                          MT: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
+                          PDL: tl.constexpr = False):
     """Logits (SPLIT > 1: the partial of H range program_id(2), at lg + s·M·E) of one tile of
     BLOCK_E experts for up to MT·ROWS tokens."""
+    pdl_enter(PDL)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m0 = tl.program_id(1) * ROWS * MT
     rows = tl.arange(0, ROWS)
@@ -71,7 +74,9 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
 
 @jit
 def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.constexpr,
-                 K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr = 1):
+                 K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr = 1,
+                 PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_P)
     if SPLIT == 1:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl)
+from ._common import pdl_enter
 
 HEAD_DIM = 128
 
@@ -26,8 +27,9 @@ def _qk_fold_int4_kernel(
     kc_ptr, vc_ptr, km_ptr, vm_ptr, qo_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
     HQ, HKV, eps,
-    HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr,
+    HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
     # ---- query: rms, then y = rms(q) @ M_q^T (3xTF32 on the tensor cores: ~fp32 accuracy) ----

@@ -32,6 +32,7 @@ import math
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 from .attn_combine import launch_attn_combine
 
 BLOCK_L = 64
@@ -46,7 +47,8 @@ def _ring_attention_kernel(q_ptr, kv_ptr, rpos_ptr, slot_ptr, anchor_ptr, pos_pt
                            scale, span, B: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr,
                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
-                           DOT_F32: tl.constexpr):
+                           DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     split = tl.program_id(2)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -30,7 +31,9 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 def _rope_ring_write_kernel(qkv_ptr, m_ptr, kv_ptr, slot_ptr, row_ptr, s_t, ss0, ss1, sr0, sr1,
                             n_slots, ring, NB: tl.constexpr, HQ: tl.constexpr,
                             HKV: tl.constexpr, D: tl.constexpr, H_P: tl.constexpr,
-                            HKV_P: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr):
+                            HKV_P: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     a, b = t // NB, t % NB
     slot = tl.load(slot_ptr + a * ss0 + b * ss1).to(tl.int64)

@@ -26,6 +26,7 @@ import torch
 
 from ._argmax import argmax_step
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, tl
+from ._common import pdl_enter
 from .gumbel_argmax import _gumbel, _hash_bits, _mix32, gumbel_noise_ref, mix32
 
 BLOCK = 4096        # scores per loop step (num_warps 8: 16 per thread)
@@ -50,7 +51,8 @@ class KeyedRows(NamedTuple):
 @jit
 def _vocab_argmax_kernel(logits_ptr, vocab_ptr, out_ptr, stride, out_stride, V,
                          slot_ptr, pos_ptr, temp_ptr, seed_ptr, base_ptr, slot_stride, pos_stride,
-                         BLOCK: tl.constexpr, KEYED: tl.constexpr):
+                         BLOCK: tl.constexpr, KEYED: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     row = logits_ptr + n * stride
     lanes = tl.arange(0, BLOCK)
