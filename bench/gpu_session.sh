@@ -132,10 +132,11 @@
 #       graph, plain launches against programmatic dependent launch (PDL), with and without
 #       the weight tile loaded before the wait (~1 min, no engine).
 #   PART=le bash bench/gpu_session.sh   programmatic dependent launch in every plugin kernel
-#       (plugins/_common.py PDL): gpu_check of the kernels (graphs replayed twice, batch
-#       invariance), the trained default's gpu_runtime and gpu_drafter --only graphs, fullsize
-#       decode, then the chat + German eval (8 prompts, greedy, medians of 2) with PDL and with
-#       KOLIBRI_PDL=0 (~8 min).                                 carry: engines/carry-b.tar.xz
+#       (plugins/_common.py PDL; on in this part, KOLIBRI_PDL=1): gpu_check of the kernels
+#       (graphs replayed twice, batch invariance), the trained default's gpu_runtime and
+#       gpu_drafter --only graphs, fullsize decode, then the chat + German eval (8 prompts,
+#       greedy, medians of 2) with PDL and with KOLIBRI_PDL=0 (~8 min).
+#                                                               carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -383,6 +384,7 @@ case "${PART:-}" in
     ;;
   le)
     unpack carry-b
+    export KOLIBRI_PDL=1     # the default was on when this part ran (deceb5a)
     step check 170 python3 bench/gpu_check.py \
       --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
     minichecks 190 40 graphs

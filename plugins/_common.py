@@ -27,17 +27,21 @@ except Exception:  # pragma: no cover - exercised only where triton is absent
     tl = None
     HAVE_TRITON = False
 
-PDL = {"1": True, "0": False}.get(os.environ.get("KOLIBRI_PDL", "1"))
+PDL = {"1": True, "0": False}.get(os.environ.get("KOLIBRI_PDL", "0"))
 if PDL is None:
     raise ValueError(f"KOLIBRI_PDL: must be 0 or 1, got {os.environ['KOLIBRI_PDL']!r}")
-"""Programmatic dependent launch (environment KOLIBRI_PDL=0 turns it off, for comparisons) on GPUs of compute capability 9 and up. A kernel with a
-``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
-``PDL=True`` and Triton's ``launch_pdl``: the GPU may start it while the kernel before it in
-the stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
-kernel's completion and memory before it touches memory. Only the launch and the programs'
-start overlap. A chain of small GEMVs in a CUDA graph on the H200: 1.68 -> 1.30 µs per kernel
-(bench/pdl_probe.py, bench/results/h200-2026-11-30l/ld/). Kernels without the parameter, and
-every torch op, launch as before: they start when the kernel before them has finished."""
+"""Programmatic dependent launch, opt-in (environment KOLIBRI_PDL=1), on GPUs of compute
+capability 9 and up. A kernel with a ``PDL: tl.constexpr`` parameter starts with
+:func:`pdl_enter`, and :func:`launch` gives it ``PDL=True`` and Triton's ``launch_pdl``: the GPU
+may start it while the kernel before it in the stream (or CUDA graph) is still running, and it
+waits (``griddepcontrol.wait``) for that kernel's completion and memory before it touches
+memory. Kernels without the parameter, and every torch op, launch as before. Measured on the
+H200 (bench/results/h200-2026-11-30l/): a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs
+per kernel (`ld/`, bench/pdl_probe.py), and every gpu_check / gpu_runtime / gpu_drafter check
+passed with it (`le/`); but whole full-size decode steps got slower (1 stream at 32k 3.93 ->
+5.98 ms, 64 streams 30.8 -> 31.3 ms: `la/` against `le/fullsize.log`), so it is off by
+default. Dependents are released at each kernel's start; releasing them later (after the
+main loop) is the next thing to measure."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 

@@ -1,0 +1,54 @@
+"""Programmatic dependent launch (plugins/_common.py PDL): every launched kernel takes part (a
+PDL parameter and `pdl_enter(PDL)` before any memory access), and the switch is checked."""
+
+import ast
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+
+from kolibri_trt_plugins import _common
+
+MODULES = ("add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_kv_write",
+           "gumbel_argmax", "moe", "moe_experts", "moe_route", "nvfp4_gemv", "qk_norm_fold_int4",
+           "qk_norm_rope", "ring_attention", "rope_ring_write", "vocab_argmax",
+           "int4_paged_attention", "fp8_paged_attention")
+
+
+def _launched_kernels():
+    """(module, name, JITFunction) of every `_..._kernel` the modules define (the debug
+    `_noise_kernel` of gumbel_argmax aside: tests only, never in a step)."""
+    from triton.runtime.jit import JITFunction
+    for m in MODULES:
+        mod = importlib.import_module(f"kolibri_trt_plugins.{m}")
+        for name, obj in vars(mod).items():
+            if isinstance(obj, JITFunction) and name.endswith("_kernel") and name != "_noise_kernel":
+                yield m, name, obj
+
+
+def test_every_launched_kernel_enters_with_pdl():
+    found = list(_launched_kernels())
+    assert len(found) >= 20
+    for m, name, k in found:
+        assert "PDL" in k.arg_names, (m, name)
+        body = ast.parse(inspect.getsource(k.fn).lstrip()).body[0].body
+        first = [s for s in body if not (isinstance(s, ast.Expr)
+                                         and isinstance(s.value, ast.Constant))][0]
+        assert ast.unparse(first) == "pdl_enter(PDL)", (m, name, ast.unparse(first))
+
+
+def test_switch_is_off_by_default_and_checked():
+    env = {k: v for k, v in os.environ.items() if k != "KOLIBRI_PDL"}
+    code = "import kolibri_trt_plugins._common as c; print(c.PDL)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+    bad = subprocess.run([sys.executable, "-c", code], env=dict(env, KOLIBRI_PDL="yes"),
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "KOLIBRI_PDL: must be 0 or 1" in bad.stderr
+
+
+def test_off_means_no_pdl_launch(monkeypatch):
+    """With PDL off, `launch` never asks the device and never adds launch_pdl."""
+    monkeypatch.setattr(_common, "PDL", False)
+    assert not _common._pdl_here()
