@@ -137,6 +137,10 @@
 #       gpu_drafter --only graphs, fullsize decode, then the chat + German eval (8 prompts,
 #       greedy, medians of 2) with PDL and with KOLIBRI_PDL=0 (~8 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=lf bash bench/gpu_session.sh   PDL mode 2 (each kernel lets the next launch after its
+#       main loop): fullsize decode with KOLIBRI_PDL=0, 2, 0 (whole steps, the order guards
+#       against drift), then gpu_check of the kernels and the trained default's gpu_runtime
+#       under mode 2 (~8 min).                                  carry: engines/carry-b.tar.xz
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -381,6 +385,20 @@ case "${PART:-}" in
     step router 100 python3 bench/gemv_tune.py --kernels router --out "$OUT"
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
+    ;;
+  lf)
+    unpack carry-b
+    for m in 0 2; do
+      KOLIBRI_PDL=$m step "fullsize_pdl$m" 60 python3 bench/fullsize.py --out "$OUT/pdl$m" \
+        --parts decode --budget 45
+    done
+    KOLIBRI_PDL=0 step fullsize_pdl0b 60 python3 bench/fullsize.py --out "$OUT/pdl0b" \
+      --parts decode --budget 45
+    export KOLIBRI_PDL=2
+    step check 170 python3 bench/gpu_check.py \
+      --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+    minichecks 190 40 graphs
+    pack lf
     ;;
   le)
     unpack carry-b

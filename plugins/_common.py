@@ -27,21 +27,24 @@ except Exception:  # pragma: no cover - exercised only where triton is absent
     tl = None
     HAVE_TRITON = False
 
-PDL = {"1": True, "0": False}.get(os.environ.get("KOLIBRI_PDL", "0"))
-if PDL is None:
-    raise ValueError(f"KOLIBRI_PDL: must be 0 or 1, got {os.environ['KOLIBRI_PDL']!r}")
-"""Programmatic dependent launch, opt-in (environment KOLIBRI_PDL=1), on GPUs of compute
-capability 9 and up. A kernel with a ``PDL: tl.constexpr`` parameter starts with
-:func:`pdl_enter`, and :func:`launch` gives it ``PDL=True`` and Triton's ``launch_pdl``: the GPU
-may start it while the kernel before it in the stream (or CUDA graph) is still running, and it
-waits (``griddepcontrol.wait``) for that kernel's completion and memory before it touches
-memory. Kernels without the parameter, and every torch op, launch as before. Measured on the
-H200 (bench/results/h200-2026-11-30l/): a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs
-per kernel (`ld/`, bench/pdl_probe.py), and every gpu_check / gpu_runtime / gpu_drafter check
-passed with it (`le/`); but whole full-size decode steps got slower (1 stream at 32k 3.93 ->
-5.98 ms, 64 streams 30.8 -> 31.3 ms: `la/` against `le/fullsize.log`), so it is off by
-default. Dependents are released at each kernel's start; releasing them later (after the
-main loop) is the next thing to measure."""
+PDL_MODES = ("0", "1", "2")
+PDL = os.environ.get("KOLIBRI_PDL", "0")
+if PDL not in PDL_MODES:
+    raise ValueError(f"KOLIBRI_PDL: must be one of {list(PDL_MODES)}, got {PDL!r}")
+PDL = int(PDL)
+"""Programmatic dependent launch, opt-in (environment KOLIBRI_PDL), on GPUs of compute
+capability 9 and up: 0 off (the default), 1 each kernel lets the next one launch at its first
+instruction, 2 after its main loop (`pdl_release`, before the epilogue's stores). A kernel with
+a ``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
+``PDL`` = the mode and Triton's ``launch_pdl``: the GPU may start it while the kernel before it
+in the stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
+kernel's completion and memory before it touches memory. Kernels without the parameter, and
+every torch op, launch as before. Measured on the H200 (bench/results/h200-2026-11-30l/): a
+chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel (`ld/`, bench/pdl_probe.py);
+with mode 1 every gpu_check / gpu_runtime / gpu_drafter check passed (`le/`), but whole
+full-size decode steps got slower (1 stream at 32k 3.93 -> 5.98 ms, 64 streams 30.8 ->
+31.3 ms: `la/` against `le/fullsize.log`), so it is off by default. Mode 2 (the dependents
+launch late, as TensorRT-LLM's kernels let them) has not run on a GPU yet."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
@@ -60,16 +63,26 @@ def jit(fn):
 
 @jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first statement (module's PDL): let the next kernel launch, then wait for
-    the previous one to finish and its writes to be visible. Nothing when PDL is False (the
-    interpreter, GPUs before compute capability 9)."""
-    if PDL:
+    """A kernel's first statement (module's PDL): mode 1 lets the next kernel launch; modes 1
+    and 2 wait for the previous kernel to finish and its writes to be visible. Nothing in mode
+    0 (the default, the interpreter, GPUs before compute capability 9)."""
+    if PDL == 1:
         gdc_launch_dependents()
+    if PDL != 0:
         gdc_wait()
 
 
+@jit
+def pdl_release(PDL: tl.constexpr):
+    """Mode 2: let the next kernel launch (placed after a kernel's main loop). Any placement
+    is safe: the next kernel waits in `pdl_enter` for this one's completion."""
+    if PDL == 2:
+        gdc_launch_dependents()
+
+
 def _pdl_here() -> bool:
-    """PDL on and the current CUDA device of compute capability >= 9 (cached per device)."""
+    """PDL on (mode 1 or 2) and the current CUDA device of compute capability >= 9 (cached per
+    device)."""
     if not PDL:
         return False
     dev = torch.cuda.current_device()
@@ -130,7 +143,7 @@ def launch(kernel, grid: Sequence[int], *args, interpret: bool = False, **kwargs
     require_triton(getattr(kernel, "__name__", "kernel"))
     if not interpret:
         if "PDL" in getattr(kernel, "arg_names", ()) and _pdl_here():
-            kwargs = dict(kwargs, PDL=True, launch_pdl=True)
+            kwargs = dict(kwargs, PDL=PDL, launch_pdl=True)
         kernel[tuple(grid)](*args, **kwargs)
         return
     from triton.runtime.interpreter import InterpretedFunction

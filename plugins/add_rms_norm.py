@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 
 @jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
                          N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
-                         PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, BLOCK)
@@ -33,6 +33,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
     ms = tl.sum(x * x, 0) * (1.0 / N)  # torch's mean: fp32 sum times the fp32 factor 1/N
     w = tl.load(w_ptr + n, mask=m, other=0.0).to(tl.float32)
     y = (x * tl.math.rsqrt(ms + eps)) * w
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(y_ptr + t * N + n, y.to(tl.bfloat16), mask=m)
 
 

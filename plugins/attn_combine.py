@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 SPLIT_CHUNK = 16
 
@@ -21,7 +21,7 @@ SPLIT_CHUNK = 16
 @jit
 def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S,
                          S_P: tl.constexpr, SC: tl.constexpr, D: tl.constexpr,
-                         PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     jj = tl.arange(0, S_P)
@@ -40,6 +40,7 @@ def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S,
         aj = tl.load(acc_ptr + (row * S + j)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         l_tot += w * lj
         acc += tl.sum(aj * w[:, None], 0)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     l_sum = tl.sum(l_tot, 0)
     out = acc / tl.where(l_sum > 0, l_sum, 1.0)
     tl.store(out_ptr + row * D + d, out.to(tl.bfloat16))

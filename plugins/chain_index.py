@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 FIELDS = 5      # fields rows: first row in the step, drafts k, start position, ring slot, valid
 
@@ -36,7 +36,7 @@ def _chain_index_kernel(f_ptr, f_stride, inp_ptr, own_ptr, last, off_ptr, r_ptr,
                         c_ptr, c_stride, ring_size, hist_rows, trash,
                         S_B: tl.constexpr, W: tl.constexpr, W_P: tl.constexpr,
                         DEPTH: tl.constexpr, B: tl.constexpr, B_P: tl.constexpr,
-                        N_B: tl.constexpr, N_P: tl.constexpr, PDL: tl.constexpr = False):
+                        N_B: tl.constexpr, N_P: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     s = tl.arange(0, S_B)
     row0 = tl.load(f_ptr + s)
@@ -52,6 +52,7 @@ def _chain_index_kernel(f_ptr, f_stride, inp_ptr, own_ptr, last, off_ptr, r_ptr,
         a += alive.to(tl.int64)
     p = start + a
     bonus = tl.load(own_ptr + tl.minimum(row0 + a, last))
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(r_ptr + s, tl.where(valid, bonus, 0))
     tl.store(r_ptr + r_stride + s, tl.where(valid, slot, trash))
     tl.store(r_ptr + 3 * r_stride + s, tl.where(valid, slot * hist_rows + _fmod(p, hist_rows), 0))

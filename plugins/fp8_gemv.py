@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
 from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
@@ -67,7 +67,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                      DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
                      NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
                      X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1,
-                     PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = 0):
     """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
@@ -125,6 +125,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                 acc2 = tl.dot(xt, w_t, acc2)
             else:
                 acc3 = tl.dot(xt, w_t, acc3)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     if SPLIT == 1:
         if MODE == 0:
             scale = tl.load(s_ptr)
@@ -149,7 +150,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
 @jit
 def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.constexpr,
                             SPLIT: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr = 0,
-                            RES: tl.constexpr = False, PDL: tl.constexpr = False):
+                            RES: tl.constexpr = False, PDL: tl.constexpr = 0):
     """y[m, n] = bf16(scale · Σ_s p[s, m, n]), s = 0..SPLIT-1 in order, then the epilogue
     (`_store_out`); grid (M, N / BLOCK)."""
     pdl_enter(PDL)
@@ -164,6 +165,7 @@ def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.con
     else:
         scale = 1.0
     m = tl.program_id(0) + tl.arange(0, 1)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     _store_out(y_ptr, r_ptr, (out * scale)[None, :], m, tl.program_id(1) * BLOCK, M, N, sr_m,
                BLOCK, ACT, RES)
 

@@ -11,7 +11,7 @@ import torch
 
 from ._common import (NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, launch,
                       next_pow2, tl)
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 HEAD_DIM = 128
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -20,7 +20,7 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 @jit
 def _fp8_kv_write_kernel(k_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                          sk_t, sk_h, sv_t, sv_h, HKV,
-                         HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
+                         HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
@@ -32,6 +32,7 @@ def _fp8_kv_write_kernel(k_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
     vs = tl.load(vs_ptr)
     k = tl.load(k_ptr + t * sk_t + h[:, None] * sk_h + d[None, :], mask=ok, other=0.0)
     k = tl.clamp(tl.math.div_rn(k.to(tl.float32), ks), -448.0, 448.0)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(kc_ptr + dst, k.to(tl.float8e4nv), mask=ok)
     v = tl.load(v_ptr + t * sv_t + h[:, None] * sv_h + d[None, :], mask=ok, other=0.0)
     v = tl.clamp(tl.math.div_rn(v.to(tl.float32), vs), -448.0, 448.0)

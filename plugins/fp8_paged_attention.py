@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step)
 
@@ -47,7 +47,7 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
                      m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                      BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr,
-                     PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -101,6 +101,7 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
             acc = acc * alpha[:, None] + pv_dot
             m_i = m_new
         acc = acc * tl.load(vs_ptr)
+        pdl_release(PDL)      # the next kernel may launch now (PDL 2)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
         tl.store(acc_ptr + (row * S + j)[:, None] * D + d[None, :], acc, mask=rvalid[:, None])

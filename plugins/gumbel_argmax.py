@@ -22,7 +22,7 @@ import torch
 
 from ._argmax import argmax_step
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 BLOCK = 4096        # tokens per loop step on the GPU (num_warps 8: 16 per thread)
 NUM_WARPS = 8
@@ -55,7 +55,7 @@ def _gumbel(bits):
 
 @jit
 def _gumbel_argmax_kernel(logits_ptr, temp_ptr, keys_ptr, out_ptr, stride, V,
-                          BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     key = tl.load(keys_ptr + n).to(tl.uint32)   # low 32 bits of the int64 key
@@ -71,6 +71,7 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, keys_ptr, out_ptr, stride, V,
         x = tl.load(row + offs, mask=m, other=0.0)
         val = tl.math.div_rn(x, t) + _gumbel(_hash_bits(offs, key))   # IEEE division, as torch
         best, best_i, nan_i = argmax_step(val, offs, m, V, best, best_i, nan_i)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(out_ptr + n, tl.where(nan_i < V, nan_i, best_i).to(tl.int64))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from .moe_experts import MAX_TOKENS, launch_moe_experts
 from .moe_route import launch_moe_route, moe_route_ref
 
@@ -24,7 +24,7 @@ BLOCK_H = 256
 @jit
 def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, H, so_m, so_s, TOPK: tl.constexpr,
                         HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -35,6 +35,7 @@ def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, H, so_m, so_s, TOPK: tl.constexpr,
         y += wi * tl.load(o_ptr + m * so_m + i * so_s + h, mask=hm, other=0.0)
     if HAS_SHARED:
         y += tl.load(o_ptr + m * so_m + TOPK * so_s + h, mask=hm, other=0.0)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(y_ptr + m * H + h, y.to(tl.bfloat16), mask=hm)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
 
@@ -220,7 +220,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
                        DECODE: tl.constexpr = 1, ONE: tl.constexpr = False,
-                       SHARED: tl.constexpr = True, PDL: tl.constexpr = False):
+                       SHARED: tl.constexpr = True, PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: unit 0 is the shared expert and unit u > 0 the
     (token, slot) pair r = u - 1 of ids (else r = u): the shared expert's programs, which
     pass over the weights once per 16 tokens, are the first the GPU starts (the grid's
@@ -242,12 +242,13 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
               MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
+    pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
 @jit
 def _moe_split_combine_kernel(p_ptr, ids_ptr, ws_ptr, shs_ptr, o_ptr, N, N_SH, sp_s, sp_g, sp_r,
                               so_s, TOPK: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
-                              BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                              BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """Row r = m·(k+1) + slot: sum the SPLIT partials in order, scale by the row's expert scale;
     GATED: act = bf16(silu(s·gate)·(s·up)), else out = fp32 s·Σ. N_SH = 0: no shared expert."""
     pdl_enter(PDL)
@@ -268,6 +269,7 @@ def _moe_split_combine_kernel(p_ptr, ids_ptr, ws_ptr, shs_ptr, o_ptr, N, N_SH, s
         tl.store(o_ptr + ooff, h.to(tl.bfloat16), mask=nmask)
     else:
         tl.store(o_ptr + ooff, g * scale, mask=nmask)
+    pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
 def block_n_for(n: int, gated: bool, m: int = MAX_TOKENS) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
@@ -33,7 +33,7 @@ SPLIT_H = 5      # H ranges per expert tile (module docstring)
 def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
                           MT: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
-                          PDL: tl.constexpr = False):
+                          PDL: tl.constexpr = 0):
     """Logits (SPLIT > 1: the partial of H range program_id(2), at lg + s·M·E) of one tile of
     BLOCK_E experts for up to MT·ROWS tokens."""
     pdl_enter(PDL)
@@ -65,6 +65,7 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                 acc2 = tl.dot(xt, w_t, acc2)
             else:
                 acc3 = tl.dot(xt, w_t, acc3)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows
         out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
@@ -75,7 +76,7 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
 @jit
 def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.constexpr,
                  K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr = 1,
-                 PDL: tl.constexpr = False):
+                 PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_P)
@@ -99,6 +100,7 @@ def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.const
         p = tl.where(e == idx, -2.0, p)
     if RENORM:
         sel_p = sel_p / total
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(ids_ptr + m * TOPK + kk, sel_i, mask=kk < TOPK)
     tl.store(w_ptr + m * TOPK + kk, sel_p, mask=kk < TOPK)
 

@@ -22,7 +22,7 @@ import torch
 
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from ._gemv_fusion import _col_rstd, tile_rstds
 from .add_rms_norm import add_rms_norm_ref
 
@@ -58,7 +58,7 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m, sw_n, ss_n, eps,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                        MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
-                       NORM: tl.constexpr = False, PDL: tl.constexpr = False):
+                       NORM: tl.constexpr = False, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
     # feed two dots, so the packed bytes are never interleaved in registers. sw_n = K/2 and
@@ -119,6 +119,7 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
                 acc2 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc2))
             else:
                 acc3 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc3))
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     gs = tl.load(gs_ptr)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl)
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 HEAD_DIM = 128
 
@@ -27,7 +27,7 @@ def _qk_fold_int4_kernel(
     kc_ptr, vc_ptr, km_ptr, vm_ptr, qo_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
     HQ, HKV, eps,
-    HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False,
+    HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -39,6 +39,7 @@ def _qk_fold_int4_kernel(
     x = x * (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
     mq_t = tl.load(mq_ptr + d[None, :] * D + d[:, None])  # [i, j] = M_q[j, i]
     y = tl.dot(x, mq_t, input_precision="tf32x3")
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(qo_ptr + (t * HQ + hq[:, None]) * D + d[None, :], y.to(tl.bfloat16), mask=qm)
     # ---- key (rms + rotation) and value (as is), each quantized to INT4 ----
     slot = tl.load(slot_ptr + t)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 HEAD_DIM = 128
 
@@ -50,12 +50,13 @@ def _norm_rope_heads(x_ptr, o_ptr, g_ptr, cos_ptr, sin_ptr, t, s_t, s_h, H, eps,
 def _qk_norm_rope_kernel(q_ptr, k_ptr, gq_ptr, gk_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
                          sq_t, sq_h, sk_t, sk_h, HQ, HKV, eps,
                          HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr,
-                         ROPE: tl.constexpr, PDL: tl.constexpr = False):
+                         ROPE: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     _norm_rope_heads(q_ptr, qo_ptr, gq_ptr, cos_ptr, sin_ptr, t, sq_t, sq_h, HQ, eps, HQ_P, D, ROPE)
     _norm_rope_heads(k_ptr, ko_ptr, gk_ptr, cos_ptr, sin_ptr, t, sk_t, sk_h, HKV, eps, HKV_P, D,
                      ROPE)
+    pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -32,7 +32,7 @@ import math
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from .attn_combine import launch_attn_combine
 
 BLOCK_L = 64
@@ -47,7 +47,7 @@ def _ring_attention_kernel(q_ptr, kv_ptr, rpos_ptr, slot_ptr, anchor_ptr, pos_pt
                            scale, span, B: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr,
                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
-                           DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+                           DOT_F32: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -95,6 +95,7 @@ def _ring_attention_kernel(q_ptr, kv_ptr, rpos_ptr, slot_ptr, anchor_ptr, pos_pt
             pv = pv.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pv, v)
         m_i = m_new
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     out_row = s * B + j
     if SPLIT == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]    # no visible key: zeros

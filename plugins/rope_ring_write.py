@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -32,7 +32,7 @@ def _rope_ring_write_kernel(qkv_ptr, m_ptr, kv_ptr, slot_ptr, row_ptr, s_t, ss0,
                             n_slots, ring, NB: tl.constexpr, HQ: tl.constexpr,
                             HKV: tl.constexpr, D: tl.constexpr, H_P: tl.constexpr,
                             HKV_P: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr,
-                            PDL: tl.constexpr = False):
+                            PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     a, b = t // NB, t % NB
@@ -55,6 +55,7 @@ def _rope_ring_write_kernel(qkv_ptr, m_ptr, kv_ptr, slot_ptr, row_ptr, s_t, ss0,
     o0 = (x1 * m00 + x2 * m01).to(tl.bfloat16)
     o1 = (x1 * m10 + x2 * m11).to(tl.bfloat16)
     is_q = ok & (h < HQ)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     tl.store(src, o0, mask=is_q)
     tl.store(src + half, o1, mask=is_q)
     is_k = ok & (h >= HQ)

@@ -26,7 +26,7 @@ import torch
 
 from ._argmax import argmax_step
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, tl
-from ._common import pdl_enter
+from ._common import pdl_enter, pdl_release
 from .gumbel_argmax import _gumbel, _hash_bits, _mix32, gumbel_noise_ref, mix32
 
 BLOCK = 4096        # scores per loop step (num_warps 8: 16 per thread)
@@ -51,7 +51,7 @@ class KeyedRows(NamedTuple):
 @jit
 def _vocab_argmax_kernel(logits_ptr, vocab_ptr, out_ptr, stride, out_stride, V,
                          slot_ptr, pos_ptr, temp_ptr, seed_ptr, base_ptr, slot_stride, pos_stride,
-                         BLOCK: tl.constexpr, KEYED: tl.constexpr, PDL: tl.constexpr = False):
+                         BLOCK: tl.constexpr, KEYED: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     row = logits_ptr + n * stride
@@ -75,6 +75,7 @@ def _vocab_argmax_kernel(logits_ptr, vocab_ptr, out_ptr, stride, out_stride, V,
                 ids = tl.load(vocab_ptr + offs, mask=m, other=0).to(tl.int32)
                 val = tl.math.div_rn(val, t) + _gumbel(_hash_bits(ids, key))
         best, best_i, nan_i = argmax_step(val, offs, m, V, best, best_i, nan_i)
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     idx = tl.where(nan_i < V, nan_i, best_i)
     tl.store(out_ptr + n * out_stride, tl.load(vocab_ptr + idx))
 

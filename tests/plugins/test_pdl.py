@@ -1,5 +1,6 @@
 """Programmatic dependent launch (plugins/_common.py PDL): every launched kernel takes part (a
-PDL parameter and `pdl_enter(PDL)` before any memory access), and the switch is checked."""
+PDL parameter, `pdl_enter(PDL)` before any memory access, a `pdl_release(PDL)`), and the switch
+is checked."""
 
 import ast
 import importlib
@@ -36,19 +37,20 @@ def test_every_launched_kernel_enters_with_pdl():
         first = [s for s in body if not (isinstance(s, ast.Expr)
                                          and isinstance(s.value, ast.Constant))][0]
         assert ast.unparse(first) == "pdl_enter(PDL)", (m, name, ast.unparse(first))
+        assert "pdl_release(PDL)" in inspect.getsource(k.fn), (m, name)
 
 
 def test_switch_is_off_by_default_and_checked():
     env = {k: v for k, v in os.environ.items() if k != "KOLIBRI_PDL"}
     code = "import kolibri_trt_plugins._common as c; print(c.PDL)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "False", out.stderr
+    assert out.stdout.strip() == "0", out.stderr
     bad = subprocess.run([sys.executable, "-c", code], env=dict(env, KOLIBRI_PDL="yes"),
                          capture_output=True, text=True)
-    assert bad.returncode != 0 and "KOLIBRI_PDL: must be 0 or 1" in bad.stderr
+    assert bad.returncode != 0 and "KOLIBRI_PDL: must be one of" in bad.stderr
 
 
 def test_off_means_no_pdl_launch(monkeypatch):
     """With PDL off, `launch` never asks the device and never adds launch_pdl."""
-    monkeypatch.setattr(_common, "PDL", False)
+    monkeypatch.setattr(_common, "PDL", 0)
     assert not _common._pdl_here()
