@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plugin_timing import time_calls  # noqa: E402
+
 try:
     import triton
     import triton.language as tl
@@ -77,24 +80,6 @@ def chain(ws, x0, bufs, mode: int) -> None:
         x = y
 
 
-def time_graph(fn, reps: int = 50) -> float:
-    """Mean µs per replay of a CUDA graph of fn (captured after one eager run)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None)
@@ -114,7 +99,7 @@ def main(argv=None) -> int:
         outs = {}
         for name, mode in (("plain", 0), ("pdl", 1), ("pdl_prefetch", 2)):
             bufs = [torch.zeros(max(N, K), dtype=torch.bfloat16, device="cuda") for _ in range(2)]
-            us = time_graph(lambda: chain(ws, x0, bufs, mode))
+            us = time_calls([lambda: chain(ws, x0, bufs, mode)])   # one graph, median
             outs[name] = bufs[args.chain % 2].clone()
             same = torch.equal(outs[name], outs["plain"])
             rows.append(dict(N=N, K=K, variant=name, us_per_kernel=us / args.chain, same=same))
