@@ -98,8 +98,7 @@ class LLMEngine:
             chain = defer and overlap and isinstance(proposer, PluginDrafterProposer)
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
                                      gate=self.args.drafter_gate, overlap=overlap, defer=defer,
-                                     chain=chain,
-                                     coupled=self.args.draft_sampling == "coupled")
+                                     chain=chain, coupled=self.args.draft_sampling == "coupled")
         if isinstance(proposer, PluginDrafterProposer):   # before any graph is captured
             proposer.drafter.keyed = self.speculator.coupled
         if self.speculator.chain_rounds:   # graphs: the input ids where the target's keep them

@@ -150,10 +150,9 @@ class PluginDrafterProposer:
             self.keys.pop(request_id, None)
         else:
             self.keys[request_id] = keys
-        st = self.streams.get(request_id)
-        if st is not None:
+        if request_id in self.streams:
             with self._on_stream():
-                self.runner.ring.set_keys(st.slot, *(keys or (0.0, 0, 0)))
+                self.runner.ring.set_keys(self.streams[request_id].slot, *(keys or (0.0, 0, 0)))
 
     def _allocate(self, request_id: str) -> _Stream:
         if not self.free:
@@ -226,10 +225,9 @@ class PluginDrafterProposer:
         runs on the current stream, or with OWN_STREAM on the proposer's own (after what the
         current stream has enqueued, e.g. the target pass whose taps it reads), so it overlaps
         the host's next work; `collect` returns its drafts. A round launched and never
-        collected is simply
-        superseded: its commit rows stay (the stream's state advanced), its drafts go unread.
-        When every stream of `items` was in the last chained round (`chain`) and observed
-        since, that round is the launch: nothing is enqueued."""
+        collected is superseded: its commit rows stay (the stream's state advanced), its
+        drafts go unread. When every stream of `items` was in the last chained round (`chain`)
+        and observed since, that round is the launch: nothing is enqueued."""
         chain, self._chain = self._chain, None
         if chain is not None and items and all(rid in chain[2] for rid, _ in items):
             self._clock += 1
