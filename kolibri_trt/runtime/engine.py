@@ -99,8 +99,6 @@ class LLMEngine:
         self.speculator = Speculator(speculative, proposer, self.args.num_speculative_tokens,
                                      gate=self.args.drafter_gate, overlap=overlap, defer=defer,
                                      chain=chain, coupled=self.args.draft_sampling == "coupled")
-        if isinstance(proposer, PluginDrafterProposer):   # before any graph is captured
-            proposer.drafter.keyed = self.speculator.coupled
         if self.speculator.chain_rounds:   # graphs: the input ids where the target's keep them
             proposer.enable_chain(self.args.num_speculative_tokens, self.runner.max_t,
                                   self.runner.static["input_ids"] if self.runner.use_graphs
@@ -129,7 +127,8 @@ class LLMEngine:
                 self.args.max_num_seqs,
                 use_graphs=self.device.type == "cuda" and not self.args.enforce_eager,
                 attn=self.args.drafter_attention, max_model_len=self.args.max_model_len,
-                step_tokens=1 + self.args.num_speculative_tokens)
+                step_tokens=1 + self.args.num_speculative_tokens,
+                keyed=self.args.draft_sampling == "coupled")
         drafter = load_drafter(engine_dir, self.manifest, target, self.device)
         depth = self.args.drafter_depth or drafter.config.serving_defaults.depth
         return DrafterProposer(drafter, depth)

@@ -5,7 +5,8 @@ inputs (`deferred_slots`), and which streams get a chained round while the step 
 
 from __future__ import annotations
 
-from ..spec.plugin_drafter_proposer import DeferredDrafts, PluginDrafterProposer
+from ..spec.deferred_drafts import DeferredDrafts
+from ..spec.plugin_drafter_proposer import PluginDrafterProposer
 from .scheduler import ScheduledSeq
 
 

@@ -16,6 +16,23 @@ import torch
 from ..drafter import KolibriBlockDrafter
 
 
+class StreamKeys(dict):
+    """request id -> (temperature > 0, seed_key, base) of a sampled stream's coupled drafts
+    (`Speculator.add`: the heads' `KeyedRows` tables); other streams pick greedily (GREEDY)."""
+
+    GREEDY = (0.0, 0, 0)
+
+    def set(self, request_id: str, keys: tuple[float, int, int] | None) -> None:
+        """Keep `keys` for the stream, or forget it (None: greedy)."""
+        if keys is None:
+            self.pop(request_id, None)
+        else:
+            self[request_id] = keys
+
+    def of(self, request_id: str) -> tuple[float, int, int]:
+        return self.get(request_id, self.GREEDY)
+
+
 @dataclass
 class DrafterStream:
     """State of one stream. fused: [P, H] fused states of committed positions 0..P-1 (only
@@ -40,7 +57,7 @@ class DrafterProposer:
             raise ValueError(f"depth: must be >= 1, got {depth}")
         self.drafter, self.depth = drafter, depth
         self.streams: dict[str, DrafterStream] = {}
-        self.keys: dict[str, tuple[float, int, int]] = {}   # `set_sampling`, per stream
+        self.keys = StreamKeys()                 # `set_sampling`
 
     @property
     def num_drafts(self) -> int:
@@ -49,10 +66,7 @@ class DrafterProposer:
     def set_sampling(self, request_id: str, keys: tuple[float, int, int] | None) -> None:
         """Coupled drafts for a sampled stream: keys = (temperature > 0, seed_key, base), as
         `PluginDrafterProposer.set_sampling`; None: greedy picks (and forgotten)."""
-        if keys is None:
-            self.keys.pop(request_id, None)
-        else:
-            self.keys[request_id] = keys
+        self.keys.set(request_id, keys)
 
     def reset(self, request_id: str) -> None:
         """Forget a stream (finished, aborted, or preempted: its prefill is observed again)."""
@@ -106,7 +120,7 @@ class DrafterProposer:
         nxt = torch.tensor([t for *_, t in ready], device=fused.device)
         keys = None
         if any(rid in self.keys for rid, *_ in ready):
-            k = [self.keys.get(rid, (0.0, 0, 0)) for rid, *_ in ready]
+            k = [self.keys.of(rid) for rid, *_ in ready]
             keys = (torch.tensor([t for t, _, _ in k], dtype=torch.float32),
                     torch.tensor([s for _, s, _ in k]), torch.tensor([b for *_, b in k]))
             keys = tuple(x.to(fused.device) for x in keys)

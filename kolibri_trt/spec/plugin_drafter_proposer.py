@@ -32,6 +32,8 @@ import torch
 from ..drafter import DrafterTarget
 from ..drafter.plugin_drafter import DrafterPlugin
 from .drafter_chain import ChainedRound
+from .deferred_drafts import DeferredDrafts
+from .drafter_proposer import StreamKeys
 from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  (re-exported)
 
 # Rounds on a CUDA stream of their own (True) or on the caller's current stream (False, the
@@ -41,29 +43,6 @@ from .drafter_runner import L_BUCKETS, MIN_COMMIT, DrafterRunner  # noqa: F401  
 # current one, the target's next replay 12 against 6 µs (H200, bench/launch_costs.py:
 # bench/results/h200-2026-11-30d/m_launch_costs.log). Benches flip it (--drafter-stream).
 OWN_STREAM = False
-
-
-@dataclass
-class DeferredDrafts:
-    """The drafts of a launched round, left on the device: the target pass reads them from
-    there (`PluginRunner.forward`'s draft_ids), the host only at verification, in the copy
-    of the target's tokens (`runtime/step_verification.py`; `collect` reads them alone), so
-    no host sync sits between the round and the pass."""
-
-    request_ids: list[str | None]        # the round's streams in its row order (None: a row
-                                         # of a chained round no stream drafts with)
-    drafts: torch.Tensor                 # int64 [S, depth*B] target ids, the drafter's device:
-                                         # the head of DrafterRunner.drafts_out
-    stream: torch.cuda.Stream | None     # the round's CUDA stream (None on CPU)
-    flat: torch.Tensor                   # int64 [S*depth*B]: drafts flattened (the same ids)
-
-    def ready_here(self) -> None:
-        """Make the current CUDA stream wait for the round (and keep `drafts`'s memory alive
-        for its reads there); nothing on CPU."""
-        if self.stream is not None:
-            current = torch.cuda.current_stream(self.drafts.device)
-            current.wait_stream(self.stream)
-            self.drafts.record_stream(current)
 
 
 @dataclass
@@ -84,12 +63,14 @@ class PluginDrafterProposer:
 
     drafter: the `DrafterPlugin`; depth: passes per round; max_streams: ring slots (streams
     with drafter state at once; the engine's max_num_seqs); use_graphs: CUDA graphs (None:
-    on a CUDA model); runner_options: `DrafterRunner`'s max_commit, length_buckets,
-    max_model_len (the engine's: the RoPE table covers its positions).
+    on a CUDA model); keyed: the heads pick with the ring's per-slot tables
+    (`DrafterPlugin.keyed`, set before any graph is captured: coupled drafts, `set_sampling`);
+    runner_options: `DrafterRunner`'s max_commit, length_buckets, max_model_len (the
+    engine's: the RoPE table covers its positions).
     """
 
     def __init__(self, drafter: DrafterPlugin, depth: int, max_streams: int,
-                 use_graphs: bool | None = None, **runner_options):
+                 use_graphs: bool | None = None, keyed: bool = False, **runner_options):
         if depth < 1:
             raise ValueError(f"depth: must be >= 1, got {depth}")
         if max_streams < 1:
@@ -97,6 +78,7 @@ class PluginDrafterProposer:
         if use_graphs is None:
             use_graphs = drafter.device.type == "cuda"
         self.drafter, self.depth = drafter, depth
+        drafter.keyed = keyed
         self.runner = DrafterRunner(drafter, depth, max_streams, use_graphs, **runner_options)
         self.streams: dict[str, _Stream] = {}
         # CUDA and OWN_STREAM: the rounds' own stream (else the caller's current stream)
@@ -109,7 +91,7 @@ class PluginDrafterProposer:
         self._chain: tuple[list[str], torch.Tensor, set[str], set[str]] | None = None
         self.rounds_chained = 0                      # launches served by a chained round
         self._views: dict[torch.Size, tuple[torch.Tensor, torch.Tensor]] = {}   # `deferred`
-        self.keys: dict[str, tuple[float, int, int]] = {}   # `set_sampling`, per stream
+        self.keys = StreamKeys()                     # `set_sampling`
         self.free = list(range(max_streams - 1, -1, -1))
         self.evicted: set[str] = set()
         self._clock = 0
@@ -119,7 +101,7 @@ class PluginDrafterProposer:
              use_graphs: bool | None = None, attn: str = "dense", **runner_options
              ) -> "PluginDrafterProposer":
         """From an engine folder (`runtime.plugin_loader.load_plugin_drafter`); depth None:
-        the drafter's serving_defaults.depth."""
+        the drafter's serving_defaults.depth; runner_options: `keyed` and the runner's."""
         from ..runtime.plugin_loader import load_plugin_drafter
         model = load_plugin_drafter(engine_dir, manifest, target, device, attn=attn)
         return cls(model, depth or model.config.serving_defaults.depth, max_streams, use_graphs,
@@ -146,13 +128,10 @@ class PluginDrafterProposer:
         """How the stream's heads pick (with `DrafterPlugin.keyed`): keys = (temperature > 0,
         seed_key, base) of its coupled drafts (`DrafterRing.set_keys`), or None: greedy (and
         forgotten). Kept across `reset` (a preempted stream keeps its sampling)."""
-        if keys is None:
-            self.keys.pop(request_id, None)
-        else:
-            self.keys[request_id] = keys
+        self.keys.set(request_id, keys)
         if request_id in self.streams:
             with self._on_stream():
-                self.runner.ring.set_keys(self.streams[request_id].slot, *(keys or (0.0, 0, 0)))
+                self.runner.ring.set_keys(self.streams[request_id].slot, *self.keys.of(request_id))
 
     def _allocate(self, request_id: str) -> _Stream:
         if not self.free:
@@ -162,7 +141,7 @@ class PluginDrafterProposer:
         slot = self.free.pop()
         with self._on_stream():                # after any round still writing the ring
             self.runner.ring.clear(slot)
-            self.runner.ring.set_keys(slot, *self.keys.get(request_id, (0.0, 0, 0)))
+            self.runner.ring.set_keys(slot, *self.keys.of(request_id))
         st = self.streams[request_id] = _Stream(slot, last_used=self._clock)
         return st
 
@@ -394,6 +373,7 @@ def install_plugin_drafter(engine, attn: str = "dense", capture: bool = True,
     use_graphs = engine.device.type == "cuda" and not engine.args.enforce_eager
     runner_options.setdefault("max_model_len", engine.args.max_model_len)
     runner_options.setdefault("step_tokens", 1 + engine.args.num_speculative_tokens)
+    runner_options.setdefault("keyed", spec.coupled)
     new = PluginDrafterProposer.load(engine.manifest.path.parent, engine.manifest, target,
                                      engine.device, old.depth, engine.args.max_num_seqs,
                                      use_graphs, attn=attn, **runner_options)

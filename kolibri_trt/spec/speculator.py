@@ -13,7 +13,7 @@ from ..sampling import SamplingParams, seed_key
 from .copy_proposer import CopyIndex
 from .drafter_gate import DrafterGate
 from .drafter_proposer import DrafterProposer
-from .plugin_drafter_proposer import DeferredDrafts
+from .deferred_drafts import DeferredDrafts
 
 MODES = ("off", "copy", "drafter", "copy+drafter")
 
