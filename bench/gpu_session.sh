@@ -386,6 +386,10 @@ case "${PART:-}" in
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
     ;;
+  mt)
+    step int4t 420 python3 bench/int4_attn_t_tune.py --budget 300
+    pack mt
+    ;;
   lf)
     unpack carry-b
     for m in 0 2; do
