@@ -83,8 +83,9 @@ def fp8_time(B):
 
 
 def int4_times(B, q_len, deadline, results):
-    q, kc, vc, km, vm, bts, sl, cu, nbytes = int4_inputs(B, q_len)
-    args = lambda b: (q, kc, vc, km, vm, b, sl, cu)  # noqa: E731
+    t = int4_inputs(B, q_len)
+    bts, nbytes = t[5], t[8]
+    args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
     us = PT.time_calls([lambda b=b: int4_paged_attention(*args(b), CTX, q_len) for b in bts])
     results[("plugin", B, q_len)] = us
     say(f"B={B:2d} q={q_len} int4 plugin              {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s")
@@ -105,7 +106,7 @@ def int4_times(B, q_len, deadline, results):
                 f"{nbytes / us / 1e6:5.2f} TB/s  rel vs plugin {rel:.1e}")
         except Exception as exc:
             say(f"B={B} q={q_len} {v} qn={qn} FAILED: {str(exc)[:400]}")
-    del kc, vc, km, vm
+    del t, args
     torch.cuda.empty_cache()
 
 
