@@ -106,8 +106,6 @@ def int4_times(B, q_len, deadline, results):
                 f"{nbytes / us / 1e6:5.2f} TB/s  rel vs plugin {rel:.1e}")
         except Exception as exc:
             say(f"B={B} q={q_len} {v} qn={qn} FAILED: {str(exc)[:400]}")
-    del t, args
-    torch.cuda.empty_cache()
 
 
 def checks(v):
@@ -138,6 +136,7 @@ def main():
         try:
             fp8[B] = fp8_time(B)
             int4_times(B, 1, deadline, results)
+            torch.cuda.empty_cache()  # the inputs died with int4_times
         except Exception:
             say(traceback.format_exc())
     ok = [v for v in VARIANTS if all((v, B, 1, None) in results for B in fp8)]
