@@ -387,6 +387,7 @@ case "${PART:-}" in
     pack ko
     ;;
   mt)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 420 python3 bench/int4_attn_t_tune.py --budget 300
     pack mt
     ;;
