@@ -386,6 +386,21 @@ case "${PART:-}" in
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
     ;;
+  mu)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step int4t 240 python3 bench/int4_attn_t_tune.py --budget 150
+    step nvfp4ab 90 python3 bench/decode_ab.py --only nvfp4 --out "$OUT"
+    unset KOLIBRI_PDL     # the default (2) for whole steps
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 150
+    pack mu
+    ;;
+  mv)
+    unpack carry-b
+    step check 200 python3 bench/gpu_check.py \
+      --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+    minichecks 190 40 graphs
+    pack mv
+    ;;
   mt)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 420 python3 bench/int4_attn_t_tune.py --budget 300

@@ -28,23 +28,23 @@ except Exception:  # pragma: no cover - exercised only where triton is absent
     HAVE_TRITON = False
 
 PDL_MODES = ("0", "1", "2")
-PDL = os.environ.get("KOLIBRI_PDL", "0")
+PDL = os.environ.get("KOLIBRI_PDL", "2")
 if PDL not in PDL_MODES:
     raise ValueError(f"KOLIBRI_PDL: must be one of {list(PDL_MODES)}, got {PDL!r}")
 PDL = int(PDL)
-"""Programmatic dependent launch, opt-in (environment KOLIBRI_PDL), on GPUs of compute
-capability 9 and up: 0 off (the default), 1 each kernel lets the next one launch at its first
-instruction, 2 after its main loop (`pdl_release`, before the epilogue's stores). A kernel with
-a ``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
+"""Programmatic dependent launch (environment KOLIBRI_PDL) on GPUs of compute capability 9 and
+up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 (the default)
+after its main loop (`pdl_release`, before the epilogue's stores). A kernel with a
+``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
 ``PDL`` = the mode and Triton's ``launch_pdl``: the GPU may start it while the kernel before it
 in the stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
 kernel's completion and memory before it touches memory. Kernels without the parameter, and
-every torch op, launch as before. Measured on the H200 (bench/results/h200-2026-11-30l/): a
-chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel (`ld/`, bench/pdl_probe.py);
-with mode 1 every gpu_check / gpu_runtime / gpu_drafter check passed (`le/`), but whole
-full-size decode steps got slower (1 stream at 32k 3.93 -> 5.98 ms, 64 streams 30.8 ->
-31.3 ms: `la/` against `le/fullsize.log`), so it is off by default. Mode 2 (the dependents
-launch late, as TensorRT-LLM's kernels let them) has not run on a GPU yet."""
+every torch op, launch as before. Measured on the H200: a chain of small GEMVs in a CUDA graph
+1.68 -> 1.30 µs per kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole
+full-size decode steps at 1k context (bench/results/h200-2026-11-30m/lf/): mode 2 against off,
+1 / 4 / 16 / 64 streams 3.87 -> 3.44, 5.27 -> 5.06, 10.15 -> 9.96, 26.2 -> 26.3 ms; mode 1
+made them slower (1 stream at 32k 3.93 -> 5.98 ms, `le/`). Every gpu_check, gpu_runtime and
+gpu_drafter check passed under modes 1 and 2."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
@@ -65,7 +65,7 @@ def jit(fn):
 def pdl_enter(PDL: tl.constexpr):
     """A kernel's first statement (module's PDL): mode 1 lets the next kernel launch; modes 1
     and 2 wait for the previous kernel to finish and its writes to be visible. Nothing in mode
-    0 (the default, the interpreter, GPUs before compute capability 9)."""
+    0, in the interpreter or on GPUs before compute capability 9."""
     if PDL == 1:
         gdc_launch_dependents()
     if PDL != 0:

@@ -19,7 +19,7 @@ from ._common import cdiv, check_tensor, jit, launch, tl
 from .attn_combine import launch_attn_combine
 
 HEAD_DIM = 128
-BLOCK_M = 16  # query rows (token x group head) per program: fixed, for batch invariance
+BLOCK_M = 16  # query rows (token x group head) per program, FP8 kernel: fixed, for batch invariance
 LOG2E = 1.4426950408889634  # the kernels use exp2: scores are pre-scaled by log2(e)
 
 
@@ -34,6 +34,17 @@ def softmax_step(sc, m_i, l_i):
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(sc - m_safe[:, None])
     return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)
+
+
+@jit
+def softmax_step_cols(sc, m_i, l_i):
+    """`softmax_step` with the rows as columns: sc fp32 [N keys, M rows], m_i and l_i fp32 [M];
+    returns (m_new, alpha, p fp32 [N, M], l_new) (the INT4 kernel's transposed tiles)."""
+    m_new = tl.maximum(m_i, tl.max(sc, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(sc - m_safe[None, :])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 0)
 
 
 def check_common(q, block_tables, seq_lens, cu_q_lens, num_kv_heads, block_size, max_seq_len,
@@ -116,11 +127,13 @@ def default_sm_scale() -> float:
 
 def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm_scale: float,
                  max_seq_len: int, max_q_len: int, window: int, part: int, interpret: bool,
-                 block_n: int, tune: dict, **constexprs) -> torch.Tensor:
+                 block_n: int, tune: dict, block_m: int = BLOCK_M,
+                 **constexprs) -> torch.Tensor:
     """Launch one split-KV paged-attention kernel and merge its partials (`attn_combine`).
 
     caches: the four cache tensors the kernel reads after q (FP8: k, v, k_scale, v_scale;
     INT4: k_codes, v_codes, k_meta, v_meta); caches[0] is [num_blocks, BLOCK, Hkv, ...].
+    block_m: query rows (token x group head) per program; a row's bits must not depend on it.
     Grid: (streams x KV heads x query-row tiles, splits). Returns bf16 like q.
     """
     total_q, hq, _ = q.shape
@@ -128,13 +141,13 @@ def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm
     g = hq // hkv
     ns = block_tables.shape[0]
     splits = num_splits(max_seq_len, max_q_len, window, part)
-    rt = -(-max_q_len * g // BLOCK_M)
+    rt = -(-max_q_len * g // block_m)
     m, l, acc = partial_buffers(total_q, hq, splits, q.device)
     if total_q == 0 or ns == 0:
         return torch.empty_like(q)
     launch(kernel, (ns * hkv * rt, splits), q, *caches, block_tables, seq_lens, cu_q_lens,
            m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g, splits, rt, block_tables.stride(0),
-           int(window), BLOCK=blk, PART=part, BLOCK_M=BLOCK_M, BLOCK_N=block_n, D=HEAD_DIM,
+           int(window), BLOCK=blk, PART=part, BLOCK_M=block_m, BLOCK_N=block_n, D=HEAD_DIM,
            DOT_F32=interpret, interpret=interpret, **constexprs, **tune)
     # merged here, not through the attn_combine op: this runs inside the attention op already
     return launch_attn_combine(m, l, acc, interpret).view(total_q, hq, HEAD_DIM)

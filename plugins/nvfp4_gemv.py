@@ -29,6 +29,7 @@ from .add_rms_norm import add_rms_norm_ref
 ROWS = 16        # activation rows per dot
 MAX_TILES = 4    # up to 64 activation rows per program (weights read once for them)
 BLOCK_K = 256
+DECODE = 1       # e2m1 -> bf16: 1 via e4m3 and the conversion unit, 2 bit placement (GPU A/B)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 
 
@@ -55,10 +56,53 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 
 
 @jit
+def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr):
+    """DECODE 2: uint8 [.., n] packed e2m1 pairs and bf16 block scales sb (= e4m3 scale ·
+    2^110, same shape) -> (low, high nibbles) as bf16 = value · scale · 2^-16, exactly.
+
+    The nibble's magnitude bits (e1 e0 m) go to bf16 bits 8..6 (the exponent's two low bits and
+    the top mantissa bit) and its sign to bit 15: value · 2^-126 for every code (e2m1's
+    subnormal 0.5 becomes a bf16 subnormal). One mul.rn.bf16x2 by sb per two weights makes
+    value · scale · 2^-16 (≤ 6 significant bits, normal: exact); the kernel multiplies the fp32
+    result by 2^16, so the output bits equal DECODE 1's. Per 8 weights: 2 prmt, 16 integer
+    instructions, 4 multiplies; no conversion-unit instructions."""
+    if USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 p, t, u, z, s; mov.b32 z, 0; mov.b32 s, 0x80008000; "
+            "prmt.b32 p, $4, z, 0x4140; "
+            "and.b32 t, p, 0x00070007; shl.b32 t, t, 6; shl.b32 u, p, 12; "
+            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $0, t, $5; "
+            "and.b32 t, p, 0x00700070; shl.b32 t, t, 2; shl.b32 u, p, 8; "
+            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $2, t, $5; "
+            "prmt.b32 p, $4, z, 0x4342; "
+            "and.b32 t, p, 0x00070007; shl.b32 t, t, 6; shl.b32 u, p, 12; "
+            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $1, t, $6; "
+            "and.b32 t, p, 0x00700070; shl.b32 t, t, 2; shl.b32 u, p, 8; "
+            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $3, t, $6; }",
+            "=r,=r,=r,=r,r,r,r", [wq, sb], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+            pack=4)
+    else:  # the same values by arithmetic (the interpreter flushes bf16 subnormals)
+        s = sb.to(tl.float32) * 1.1754943508222875e-38   # · 2^-126: scale · 2^-16
+        lo = (_e2m1_value(wq & 15) * s).to(tl.bfloat16)
+        hi = (_e2m1_value(wq >> 4) * s).to(tl.bfloat16)
+    return lo, hi
+
+
+@jit
+def _e2m1_value(c):
+    """e2m1 codes (uint8 0..15) -> fp32 values: ±{0, .5, 1, 1.5, 2, 3, 4, 6}."""
+    e = ((c >> 1) & 3).to(tl.float32)
+    m = (c & 1).to(tl.float32)
+    mag = tl.where(e == 0.0, 0.5 * m, (1.0 + 0.5 * m) * tl.exp2(e - 1.0))
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@jit
 def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m, sw_n, ss_n, eps,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                        MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
-                       NORM: tl.constexpr = False, PDL: tl.constexpr = 0):
+                       NORM: tl.constexpr = False, DECODE: tl.constexpr = 1,
+                       PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
     # feed two dots, so the packed bytes are never interleaved in registers. sw_n = K/2 and
@@ -87,11 +131,18 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
         ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
         bs = tl.load(ws_ptr + n64[:, None] * ss_n + ks[None, :],
                      mask=nmask[:, None] & (ks < ss_n)[None, :], other=0.0)
-        sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
-        sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, HB))
-        lo, hi = _e2m1_pairs_to_e4m3(wq, USE_ASM)
-        w_lo = (lo.to(tl.float16) * sc).to(tl.bfloat16)  # e2m1·e4m3: <= 6 significant bits, exact
-        w_hi = (hi.to(tl.float16) * sc).to(tl.bfloat16)
+        if DECODE == 2:
+            sb = (bs.to(tl.float32) * 1.2980742146337069e33).to(tl.bfloat16)  # · 2^110, exact
+            sb = tl.reshape(tl.broadcast_to(sb[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
+                            (BLOCK_N, HB))
+            w_lo, w_hi = _e2m1_pairs_to_bf16(wq, sb, USE_ASM)
+        else:
+            sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
+            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
+                            (BLOCK_N, HB))
+            lo, hi = _e2m1_pairs_to_e4m3(wq, USE_ASM)
+            w_lo = (lo.to(tl.float16) * sc).to(tl.bfloat16)  # e2m1·e4m3: <= 6 significant bits
+            w_hi = (hi.to(tl.float16) * sc).to(tl.bfloat16)
         if DOT_F32:
             w_lo = w_lo.to(tl.float32)
             w_hi = w_hi.to(tl.float32)
@@ -121,6 +172,8 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
                 acc3 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc3))
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     gs = tl.load(gs_ptr)
+    if DECODE == 2:
+        gs = gs * 65536.0   # the weights were value · scale · 2^-16 (exact powers of two)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows
         out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
@@ -212,6 +265,7 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
     launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y,
            x if norm is None else norm, M, N, K, x.stride(0), K // 2, K // 16, float(eps),
            BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt, USE_ASM=not interpret,
+           DECODE=DECODE,
            DOT_F32=interpret, NORM=norm is not None, interpret=interpret, **extra, **TUNE)
     return y
 

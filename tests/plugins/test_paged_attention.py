@@ -139,6 +139,21 @@ def test_int4_mask_free_tiles_same_bits(interp):
         assert torch.equal(a, b), blk
 
 
+def test_int4_decode_rows_of_a_gqa_group(interp):
+    """Decode at Kolibri's GQA 5 (10 query heads over 2 KV heads) takes 8-row programs, 1 + 3
+    tokens 16-row ones (20 rows: two tiles): both match the reference."""
+    g = T.gen(61)
+    seqs = [5, 40, 71]
+    for qlens in ([1, 1, 1], [1, 4, 2]):
+        bt, sl, cu, nb = T.paged_layout(seqs, qlens, 16, g)
+        cache = T.int4_cache(nb, 16, 2, g)
+        q = T.randn((sum(qlens), 10, 128), g)
+        ref = int4_paged_attention_ref(q, *cache, bt, sl, cu, 1 / math.sqrt(128))
+        out = int4_paged_attention(q, *cache, bt, sl, cu, max(seqs), max(qlens), part=32,
+                                   interpret=True)
+        assert T.rel_err(out, ref) < INTERP_TOL, qlens
+
+
 def test_fp8_interpreter_matches_reference(interp):
     g = T.gen(5)
     for blk in (16, 64):

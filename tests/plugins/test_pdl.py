@@ -40,11 +40,11 @@ def test_every_launched_kernel_enters_with_pdl():
         assert "pdl_release(PDL)" in inspect.getsource(k.fn), (m, name)
 
 
-def test_switch_is_off_by_default_and_checked():
+def test_switch_defaults_to_mode_2_and_is_checked():
     env = {k: v for k, v in os.environ.items() if k != "KOLIBRI_PDL"}
     code = "import kolibri_trt_plugins._common as c; print(c.PDL)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "0", out.stderr
+    assert out.stdout.strip() == "2", out.stderr
     bad = subprocess.run([sys.executable, "-c", code], env=dict(env, KOLIBRI_PDL="yes"),
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "KOLIBRI_PDL: must be one of" in bad.stderr
