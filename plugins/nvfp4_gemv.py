@@ -29,7 +29,10 @@ from .add_rms_norm import add_rms_norm_ref
 ROWS = 16        # activation rows per dot
 MAX_TILES = 4    # up to 64 activation rows per program (weights read once for them)
 BLOCK_K = 256
-DECODE = 1       # e2m1 -> bf16: 1 via e4m3 and the conversion unit, 2 bit placement (GPU A/B)
+# e2m1 -> bf16: 1 via e4m3 and the conversion unit, 2 bit placement (the same bits; H200 LM head
+# M = 1 / 16 / 64 94.5 / 96.1 / 253.1 -> 88.3 / 91.2 / 237.0 µs, bench/decode_ab.py --only nvfp4,
+# bench/results/h200-2026-11-30m/mu/nvfp4ab.log)
+DECODE = 2
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 
 
