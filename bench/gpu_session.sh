@@ -386,11 +386,6 @@ case "${PART:-}" in
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
     ;;
-  mw)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step int4w 400 python3 bench/int4_attn_w_tune.py
-    pack mw
-    ;;
   mu)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 240 python3 bench/int4_attn_t_tune.py --budget 150
@@ -401,9 +396,11 @@ case "${PART:-}" in
     ;;
   mv)
     unpack carry-b
-    step check 200 python3 bench/gpu_check.py \
+    step check 175 python3 bench/gpu_check.py \
       --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
-    minichecks 190 40 graphs
+    minichecks 180 35 graphs
+    KOLIBRI_PDL=0 step plugins 120 python3 bench/plugins.py --only attn,gemv,moe \
+      --csv "$OUT/plugins.csv"
     pack mv
     ;;
   mt)
