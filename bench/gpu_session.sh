@@ -386,6 +386,11 @@ case "${PART:-}" in
     step moe 150 python3 bench/moe_pipeline.py --out "$OUT"
     pack ko
     ;;
+  mx)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step int4regs 200 python3 bench/int4_attn_t_tune.py --regs
+    pack mx
+    ;;
   mu)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 240 python3 bench/int4_attn_t_tune.py --budget 150

@@ -138,10 +138,48 @@ def checks():
 DEFAULTS = (IA.BLOCK_N, IA.ROWS_MAX)
 
 
+def regs_sweep(caps_decode=(0, 168, 152), caps_verify=(0, 240)):
+    """--regs: maxnreg of the 8-row (decode) and the 16-row programs (launch options only: the
+    bits stay), decode at 32k B = 1, 4, 16, 64 and at 1k B = 1, verification of 4 tokens."""
+    global CTX
+    saved = dict(IA.TUNE_DECODE), dict(IA.TUNE)
+    base = dict(num_warps=1, num_stages=5)
+    cases = [(1, 1, 32768), (4, 1, 32768), (16, 1, 32768), (64, 1, 32768), (1, 1, 1024),
+             (16, 4, 32768)]
+    for B, q_len, ctx in cases:
+        CTX = ctx
+        t = int4_inputs(B, q_len)
+        bts, nbytes = t[5], t[8]
+        args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
+        first = None
+        for cap in (caps_decode if q_len == 1 else caps_verify):
+            tune = dict(base, **({"maxnreg": cap} if cap else {}))
+            IA.TUNE_DECODE.clear()
+            IA.TUNE_DECODE.update(tune if q_len == 1 else base)
+            IA.TUNE.clear()
+            IA.TUNE.update(tune if q_len > 1 else base)
+            out = int4_paged_attention(*args(bts[0]), ctx, q_len)
+            first = out if first is None else first
+            us = PT.time_calls([lambda b=b: int4_paged_attention(*args(b), ctx, q_len)
+                                for b in bts])
+            say(f"B={B:2d} q={q_len} ctx={ctx:5d} maxnreg {cap or '-':>4}  {us:8.1f} us  "
+                f"{nbytes / us / 1e6:5.2f} TB/s  bits as the first: {torch.equal(out, first)}")
+    CTX = 32768
+    IA.TUNE_DECODE.clear()
+    IA.TUNE_DECODE.update(saved[0])
+    IA.TUNE.clear()
+    IA.TUNE.update(saved[1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=240.0, help="seconds for the timings")
+    ap.add_argument("--regs", action="store_true", help="only the maxnreg sweep (regs_sweep)")
     a = ap.parse_args()
+    if a.regs:
+        say(f"{torch.cuda.get_device_name()} torch {torch.__version__}: maxnreg sweep")
+        regs_sweep()
+        return 0
     deadline = time.time() + a.budget
     say(f"{torch.cuda.get_device_name()} torch {torch.__version__}; defaults (BLOCK_N, "
         f"ROWS_MAX) {DEFAULTS}")

@@ -42,6 +42,7 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the column max/sum stay in the warp (no barriers), more programs per SM.
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
+TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
 
 @jit
@@ -257,7 +258,8 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
     rows = rows_per_program(max_q_len, q.shape[1] // k_codes.shape[2])
     return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
-                        interpret, BLOCK_N, TUNE, block_m=rows,
+                        interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
+                        block_m=rows,
                         USE_ASM=USE_ASM and not interpret, MASK_FREE=MASK_FREE)
 
 
