@@ -391,6 +391,11 @@ case "${PART:-}" in
     step int4regs 200 python3 bench/int4_attn_t_tune.py --regs
     pack mx
     ;;
+  my)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step int4layout 200 python3 bench/int4_attn_t_tune.py --layout
+    pack my
+    ;;
   mu)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 240 python3 bench/int4_attn_t_tune.py --budget 150

@@ -171,11 +171,51 @@ def regs_sweep(caps_decode=(0, 168, 152), caps_verify=(0, 240)):
     IA.TUNE.update(saved[1])
 
 
+def layout_sweep():
+    """--layout: the same kernel reading token-major pages [blocks, BLOCK, Hkv, 64] and
+    head-major pages [blocks, Hkv, BLOCK, 64] (HEAD_MAJOR; the timing data is reinterpreted,
+    the bytes read are the same), decode at 32k B = 1, 4, 16, 64, 1k B = 1, 4 tokens B = 16."""
+    global CTX
+    for B, q_len, ctx in ((1, 1, 32768), (4, 1, 32768), (16, 1, 32768), (64, 1, 32768),
+                          (1, 1, 1024), (16, 4, 32768)):
+        CTX = ctx
+        t = int4_inputs(B, q_len)
+        bts, nbytes = t[5], t[8]
+        args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
+        res = {}
+        for hm in (False, True, False):
+            IA.HEAD_MAJOR = hm
+            res.setdefault(hm, []).append(PT.time_calls(
+                [lambda b=b: int4_paged_attention(*args(b), ctx, q_len) for b in bts]))
+        IA.HEAD_MAJOR = False
+        tm, hm = min(res[False]), res[True][0]
+        say(f"B={B:2d} q={q_len} ctx={ctx:5d} token-major {res[False][0]:7.1f} / "
+            f"{res[False][1]:7.1f} us  head-major {hm:7.1f} us ({tm / hm:4.2f}x)  "
+            f"{nbytes / hm / 1e6:5.2f} TB/s")
+    CTX = 32768
+    # the two layouts give the same bits for the same cache contents
+    t = int4_inputs(4, 3)
+    args = t[:5] + (t[5][0],) + t[6:8]
+    a = int4_paged_attention(*args, CTX, 3)
+    hmc = [c.permute(0, 2, 1, 3).contiguous().view(c.shape) for c in t[1:5]]
+    IA.HEAD_MAJOR = True
+    b = int4_paged_attention(t[0], *hmc, *args[5:], CTX, 3)
+    IA.HEAD_MAJOR = False
+    GC.record("int4 head-major pages = token-major, same contents", torch.equal(a, b),
+              "bit-identical" if torch.equal(a, b) else "DIFFERS")
+    say(f"CHECK head-major = token-major: {torch.equal(a, b)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=240.0, help="seconds for the timings")
     ap.add_argument("--regs", action="store_true", help="only the maxnreg sweep (regs_sweep)")
+    ap.add_argument("--layout", action="store_true", help="only the page layouts (layout_sweep)")
     a = ap.parse_args()
+    if a.layout:
+        say(f"{torch.cuda.get_device_name()} torch {torch.__version__}: page layouts")
+        layout_sweep()
+        return 0
     if a.regs:
         say(f"{torch.cuda.get_device_name()} torch {torch.__version__}: maxnreg sweep")
         regs_sweep()

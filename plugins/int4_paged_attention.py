@@ -37,6 +37,7 @@ PART = 512  # positions per split (fixed: the reduction order must not depend on
 BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md; it sets the bits)
 ROWS_DECODE, ROWS_MAX = 8, 16  # query rows per program: 8 when max_q_len·G fits, else 16
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
+HEAD_MAJOR = False  # page layout [blocks, Hkv, BLOCK, 64] (True) or [blocks, BLOCK, Hkv, 64]
 MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (full causal only;
 # same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
@@ -93,7 +94,7 @@ def _meta(m_ptr, off, mask):
 
 @jit
 def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
-            k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, MASKED: tl.constexpr,
+            k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
             BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
             DOT_F32: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
@@ -103,14 +104,14 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     kval = (kpos >= k_lo) & (kpos < k_hi)
     if BLOCK >= BLOCK_N:  # the whole tile lies in one page
         phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
-        base = (phys * BLOCK + n0 % BLOCK) * HKV
+        base = phys * PAGE + (n0 % BLOCK) * KS
         kc = tl.load(kc_p + base * (D // 2) + offs)
         vc = tl.load(vc_p + base * (D // 2) + offs)
-        ks, ko = _meta(km_p + base, i_n * HKV, kval)
-        vs, vo = _meta(vm_p + base, i_n * HKV, kval)
+        ks, ko = _meta(km_p + base, i_n * KS, kval)
+        vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
         phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
-        kh = (phys.to(tl.int64) * BLOCK + kpos % BLOCK) * HKV
+        kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
         vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
@@ -143,7 +144,8 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                         m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                         BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                        DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, PDL: tl.constexpr = 0):
+                        DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr,
+                        HEAD_MAJOR: tl.constexpr = False, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -183,11 +185,19 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         acc_o = tl.zeros([D // 2, BLOCK_M], tl.float32)
         acc_c = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
-        offs = (i_n * HKV)[:, None] * (D // 2) + b[None, :]
-        kc_p = kc_ptr + h * (D // 2)
-        vc_p = vc_ptr + h * (D // 2)
-        km_p = km_ptr.to(tl.pointer_type(tl.uint32)) + h
-        vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h
+        # a key's row: page · BLOCK·Hkv + slot · KS + head · HS (token-major: KS = Hkv, HS = 1;
+        # head-major pages, HEAD_MAJOR: KS = 1, HS = BLOCK)
+        KS = HKV
+        HS = 1
+        if HEAD_MAJOR:
+            KS = 1
+            HS = BLOCK
+        PAGE = BLOCK * HKV
+        offs = (i_n * KS)[:, None] * (D // 2) + b[None, :]
+        kc_p = kc_ptr + h * HS * (D // 2)
+        vc_p = vc_ptr + h * HS * (D // 2)
+        km_p = km_ptr.to(tl.pointer_type(tl.uint32)) + h * HS
+        vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h * HS
         bt_p = bt_ptr + s * bt_stride
         n_start = (k_lo // BLOCK_N) * BLOCK_N
         hi_min = tl.min(tl.where(rvalid, hi_r, k_hi), 0)
@@ -198,12 +208,12 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         for n0 in range(n_start, n_mid, BLOCK_N):
             m_i, l_i, acc_e, acc_o, acc_c = _tile(
                 n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, False, BLOCK, BLOCK_N,
+                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK, BLOCK_N,
                 D, USE_ASM, DOT_F32)
         for n0 in range(n_mid, k_hi, BLOCK_N):
             m_i, l_i, acc_e, acc_o, acc_c = _tile(
                 n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, HKV, True, BLOCK, BLOCK_N,
+                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N,
                 D, USE_ASM, DOT_F32)
         pdl_release(PDL)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
@@ -259,8 +269,8 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
     return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
-                        block_m=rows,
-                        USE_ASM=USE_ASM and not interpret, MASK_FREE=MASK_FREE)
+                        block_m=rows, USE_ASM=USE_ASM and not interpret, MASK_FREE=MASK_FREE,
+                        HEAD_MAJOR=HEAD_MAJOR)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
