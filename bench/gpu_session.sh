@@ -391,11 +391,6 @@ case "${PART:-}" in
     step int4regs 200 python3 bench/int4_attn_t_tune.py --regs
     pack mx
     ;;
-  my)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step int4layout 200 python3 bench/int4_attn_t_tune.py --layout
-    pack my
-    ;;
   mu)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 240 python3 bench/int4_attn_t_tune.py --budget 150
@@ -409,8 +404,9 @@ case "${PART:-}" in
     step check 175 python3 bench/gpu_check.py \
       --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
     minichecks 180 35 graphs
-    KOLIBRI_PDL=0 step plugins 120 python3 bench/plugins.py --only attn,gemv,moe \
-      --csv "$OUT/plugins.csv"
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step plugins 90 python3 bench/plugins.py --only attn,gemv,moe --csv "$OUT/plugins.csv"
+    step int4t 70 python3 bench/int4_attn_t_tune.py --budget 35
     pack mv
     ;;
   mt)

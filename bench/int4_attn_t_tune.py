@@ -54,11 +54,11 @@ def int4_inputs(B, q_len):
     q = torch.randn((B * q_len, HQ, 128), device=DEV).bfloat16()
     nbytes = B * CTX * HKV * 136 + 4 * q.numel()
     ns = PT.sets_for(nbytes)
-    kc = torch.randint(0, 256, (ns * nb, BLK, HKV, 64), dtype=torch.uint8, device=DEV)
-    vc = torch.randint(0, 256, (ns * nb, BLK, HKV, 64), dtype=torch.uint8, device=DEV)
-    km, vm = [torch.stack([torch.rand((ns * nb, BLK, HKV), device=DEV) * 0.3 + 0.01,
-                           -torch.rand((ns * nb, BLK, HKV), device=DEV)], -1).half()
-              for _ in range(2)]
+    kc = torch.randint(0, 256, (ns * nb, HKV, BLK, 64), dtype=torch.uint8, device=DEV)
+    vc = torch.randint(0, 256, (ns * nb, HKV, BLK, 64), dtype=torch.uint8, device=DEV)
+    km, vm = [torch.stack([torch.rand((ns * nb, HKV, BLK), device=DEV) * 0.3 + 0.01,
+                           -torch.rand((ns * nb, HKV, BLK), device=DEV)], -1).half()
+              for _ in range(2)]   # head-major pages (the plugin's layout)
     return q, kc, vc, km, vm, [bt + i * nb for i in range(ns)], sl, cu, nbytes
 
 
@@ -83,15 +83,24 @@ def setting(bn, rows_max):
     IA.BLOCK_N, IA.ROWS_MAX = bn, rows_max
 
 
+def v4_reference(t, bt, q_len):
+    """v4's output (fp32) on the cache of `t` converted to token-major pages."""
+    conv = [c.transpose(1, 2).contiguous() for c in t[1:5]]
+    return V4._launch(t[0], *conv, bt, *t[6:8], SCALE, CTX, q_len, 0, 512, False).float()
+
+
 def int4_times(B, q_len, deadline, results):
     t = int4_inputs(B, q_len)
     bts, nbytes = t[5], t[8]
     args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
-    us = PT.time_calls([lambda b=b: V4._launch(*args(b), SCALE, CTX, q_len, 0, 512, False)
+    # v4 reads token-major pages: timed on the same bytes viewed so, compared on a converted copy
+    tm = [c.view(c.shape[0], c.shape[2], c.shape[1], c.shape[3]) for c in t[1:5]]
+    v4_args = lambda b: (t[0], *tm, b) + t[6:8]  # noqa: E731
+    us = PT.time_calls([lambda b=b: V4._launch(*v4_args(b), SCALE, CTX, q_len, 0, 512, False)
                         for b in bts])
     results[("v4", B, q_len)] = us
     say(f"B={B:2d} q={q_len} int4 v4                   {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s")
-    ref = V4._launch(*args(bts[0]), SCALE, CTX, q_len, 0, 512, False).float()
+    ref = v4_reference(t, bts[0], q_len)
     runs = [(bn, 16) for bn in BLOCK_NS] if q_len == 1 else list(VERIFY)
     for bn, rows in runs:
         if time.time() > deadline:
@@ -122,10 +131,10 @@ def checks():
     IA.ROWS_DECODE = 8
     GC.record("int4 v5 decode rows: 8-row vs 16-row programs", torch.equal(a, b),
               "bit-identical" if torch.equal(a, b) else "DIFFERS")
-    c = V4._launch(*args, SCALE, CTX, 1, 0, 512, False)
+    c = v4_reference(t, t[5][0], 1).to(a.dtype)
     if IA.BLOCK_N == V4.BLOCK_N:   # the same key tiles: the same sums in the same order
-        GC.record(f"int4 v5 vs v4, BLOCK_N {IA.BLOCK_N}", torch.equal(a, c),
-                  "bit-identical" if torch.equal(a, c) else "DIFFERS")
+        GC.record(f"int4 v5 (head-major) vs v4 (token-major), BLOCK_N {IA.BLOCK_N}",
+                  torch.equal(a, c), "bit-identical" if torch.equal(a, c) else "DIFFERS")
     else:
         say(f"v5 (BLOCK_N {IA.BLOCK_N}) vs v4 (BLOCK_N {V4.BLOCK_N}): rel "
             f"{GC.T.rel_err(a, c):.1e}")
@@ -171,51 +180,11 @@ def regs_sweep(caps_decode=(0, 168, 152), caps_verify=(0, 240)):
     IA.TUNE.update(saved[1])
 
 
-def layout_sweep():
-    """--layout: the same kernel reading token-major pages [blocks, BLOCK, Hkv, 64] and
-    head-major pages [blocks, Hkv, BLOCK, 64] (HEAD_MAJOR; the timing data is reinterpreted,
-    the bytes read are the same), decode at 32k B = 1, 4, 16, 64, 1k B = 1, 4 tokens B = 16."""
-    global CTX
-    for B, q_len, ctx in ((1, 1, 32768), (4, 1, 32768), (16, 1, 32768), (64, 1, 32768),
-                          (1, 1, 1024), (16, 4, 32768)):
-        CTX = ctx
-        t = int4_inputs(B, q_len)
-        bts, nbytes = t[5], t[8]
-        args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
-        res = {}
-        for hm in (False, True, False):
-            IA.HEAD_MAJOR = hm
-            res.setdefault(hm, []).append(PT.time_calls(
-                [lambda b=b: int4_paged_attention(*args(b), ctx, q_len) for b in bts]))
-        IA.HEAD_MAJOR = False
-        tm, hm = min(res[False]), res[True][0]
-        say(f"B={B:2d} q={q_len} ctx={ctx:5d} token-major {res[False][0]:7.1f} / "
-            f"{res[False][1]:7.1f} us  head-major {hm:7.1f} us ({tm / hm:4.2f}x)  "
-            f"{nbytes / hm / 1e6:5.2f} TB/s")
-    CTX = 32768
-    # the two layouts give the same bits for the same cache contents
-    t = int4_inputs(4, 3)
-    args = t[:5] + (t[5][0],) + t[6:8]
-    a = int4_paged_attention(*args, CTX, 3)
-    hmc = [c.permute(0, 2, 1, 3).contiguous().view(c.shape) for c in t[1:5]]
-    IA.HEAD_MAJOR = True
-    b = int4_paged_attention(t[0], *hmc, *args[5:], CTX, 3)
-    IA.HEAD_MAJOR = False
-    GC.record("int4 head-major pages = token-major, same contents", torch.equal(a, b),
-              "bit-identical" if torch.equal(a, b) else "DIFFERS")
-    say(f"CHECK head-major = token-major: {torch.equal(a, b)}")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=240.0, help="seconds for the timings")
     ap.add_argument("--regs", action="store_true", help="only the maxnreg sweep (regs_sweep)")
-    ap.add_argument("--layout", action="store_true", help="only the page layouts (layout_sweep)")
     a = ap.parse_args()
-    if a.layout:
-        say(f"{torch.cuda.get_device_name()} torch {torch.__version__}: page layouts")
-        layout_sweep()
-        return 0
     if a.regs:
         say(f"{torch.cuda.get_device_name()} torch {torch.__version__}: maxnreg sweep")
         regs_sweep()

@@ -66,13 +66,13 @@ def study(L, T_=16, hq=20, hkv=4):
     for label, (mq, mk) in (("int4 unrotated", (torch.diag(gq), torch.diag(gk))),
                             ("int4 rotated", fold_matrices(gq, gk, hadamard_rotation(1)))):
         mq, mk = mq.float().contiguous().to(DEV), mk.float().contiguous().to(DEV)
-        cache = [torch.zeros((L // blk, blk, hkv, 64), dtype=torch.uint8, device=DEV) for _ in range(2)]
-        cache += [torch.zeros((L // blk, blk, hkv, 2), dtype=torch.float16, device=DEV) for _ in range(2)]
+        cache = [torch.zeros((L // blk, hkv, blk, 64), dtype=torch.uint8, device=DEV) for _ in range(2)]
+        cache += [torch.zeros((L // blk, hkv, blk, 2), dtype=torch.float16, device=DEV) for _ in range(2)]
         qkv_src = torch.cat([kr, kr[:, :1]], 1).bfloat16()  # keys; one dummy query head
         qk_norm_fold_int4(qkv_src[:, hkv:], qkv_src[:, :hkv], v_b, mq, mk, slots, *cache)
         q_used = qk_norm_fold_int4(qr.bfloat16(), k_stock[:T_], v_b[:T_], mq, mk,
                                    torch.full((T_,), -1, device=DEV), *cache)
-        kd = dequantize_int4_ref(cache[0], cache[2]).view(L, hkv, 128)
+        kd = dequantize_int4_ref(cache[0], cache[2]).transpose(1, 2).reshape(L, hkv, 128)
         res[label + " keys"] = rel(attn(q_used, kd, v_b))
         out = int4_paged_attention(q_used, *cache, bt, sl, cu, L, T_)
         res[label + " K+V (kernel)"] = rel(out)

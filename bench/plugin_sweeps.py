@@ -160,10 +160,10 @@ def bench_sweep(quick):
     cu = torch.arange(0, B + 1, dtype=torch.int32, device=DEV)
     bt, nb = paged_tables(B, ctx, blk)
     q = torch.randn((B, 20, 128), device=DEV).bfloat16()
-    kc = torch.randint(0, 256, (nb, blk, hkv, 64), dtype=torch.uint8, device=DEV)
-    vc = torch.randint(0, 256, (nb, blk, hkv, 64), dtype=torch.uint8, device=DEV)
-    km = (torch.rand((nb, blk, hkv, 2), device=DEV) * 0.1).half()
-    vm = (torch.rand((nb, blk, hkv, 2), device=DEV) * 0.1).half()
+    kc = torch.randint(0, 256, (nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)  # head-major
+    vc = torch.randint(0, 256, (nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)
+    km = (torch.rand((nb, hkv, blk, 2), device=DEV) * 0.1).half()
+    vm = (torch.rand((nb, hkv, blk, 2), device=DEV) * 0.1).half()
     att = dict(PART=[512, 1024], BLOCK_N=[16, 32, 64], num_warps=[1, 2], num_stages=[5])
     sweep_one("int4 attn B=16 32k", ia, att, lambda: [
         lambda: int4_paged_attention(q, kc, vc, km, vm, bt, sl, cu, ctx, 1, part=ia.PART)],  # noqa: F821

@@ -103,10 +103,10 @@ def attn_bench(B, ctx, blk, q_len, quick):
     # INT4 full attention
     nbytes = B * ctx * hkv * 136 + qbytes
     ns = sets_for(nbytes)
-    kc = torch.randint(0, 256, (ns * nb, blk, hkv, 64), dtype=torch.uint8, device=DEV)
-    vc = torch.randint(0, 256, (ns * nb, blk, hkv, 64), dtype=torch.uint8, device=DEV)
-    km, vm = [torch.stack([torch.rand((ns * nb, blk, hkv), device=DEV) * 0.3 + 0.01,
-                           -torch.rand((ns * nb, blk, hkv), device=DEV)], -1).half() for _ in range(2)]
+    kc = torch.randint(0, 256, (ns * nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)  # head-major
+    vc = torch.randint(0, 256, (ns * nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)
+    km, vm = [torch.stack([torch.rand((ns * nb, hkv, blk), device=DEV) * 0.3 + 0.01,
+                           -torch.rand((ns * nb, hkv, blk), device=DEV)], -1).half() for _ in range(2)]
     calls = [lambda b=bt + i * nb: int4_paged_attention(q, kc, vc, km, vm, b, sl, cu, ctx, q_len)  # noqa: F821
              for i in range(ns)]
     us = time_calls(calls)
@@ -226,8 +226,8 @@ def bench_fold(quick):
     mq, mk = fold_matrices(torch.ones(128), torch.ones(128), hadamard_rotation(3))
     mq, mk = mq.to(DEV), mk.to(DEV)
     nb = 4096
-    caches = [torch.zeros((nb, blk, hkv, 64), dtype=torch.uint8, device=DEV) for _ in range(2)]
-    caches += [torch.zeros((nb, blk, hkv, 2), dtype=torch.float16, device=DEV) for _ in range(2)]
+    caches = [torch.zeros((nb, hkv, blk, 64), dtype=torch.uint8, device=DEV) for _ in range(2)]
+    caches += [torch.zeros((nb, hkv, blk, 2), dtype=torch.float16, device=DEV) for _ in range(2)]
     for T_ in (1, 16, 64, 576):
         qkv = torch.randn((T_, hq + 2 * hkv, 128), device=DEV).bfloat16()
         q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]

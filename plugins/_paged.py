@@ -127,17 +127,20 @@ def default_sm_scale() -> float:
 
 def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm_scale: float,
                  max_seq_len: int, max_q_len: int, window: int, part: int, interpret: bool,
-                 block_n: int, tune: dict, block_m: int = BLOCK_M,
+                 block_n: int, tune: dict, block_m: int = BLOCK_M, head_major: bool = False,
                  **constexprs) -> torch.Tensor:
     """Launch one split-KV paged-attention kernel and merge its partials (`attn_combine`).
 
     caches: the four cache tensors the kernel reads after q (FP8: k, v, k_scale, v_scale;
-    INT4: k_codes, v_codes, k_meta, v_meta); caches[0] is [num_blocks, BLOCK, Hkv, ...].
+    INT4: k_codes, v_codes, k_meta, v_meta); caches[0] is [num_blocks, BLOCK, Hkv, ...], or
+    [num_blocks, Hkv, BLOCK, ...] with head_major (the INT4 cache).
     block_m: query rows (token x group head) per program; a row's bits must not depend on it.
     Grid: (streams x KV heads x query-row tiles, splits). Returns bf16 like q.
     """
     total_q, hq, _ = q.shape
     blk, hkv = caches[0].shape[1], caches[0].shape[2]
+    if head_major:
+        blk, hkv = hkv, blk
     g = hq // hkv
     ns = block_tables.shape[0]
     splits = num_splits(max_seq_len, max_q_len, window, part)

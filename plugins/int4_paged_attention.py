@@ -31,13 +31,12 @@ from ._common import NAMESPACE, check_tensor, jit, kernel_path, tl
 from ._common import pdl_enter, pdl_release
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step_cols)
-from .qk_norm_fold_int4 import dequantize_int4_ref
+from .qk_norm_fold_int4 import dequantize_int4_ref, int4_rows
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md; it sets the bits)
 ROWS_DECODE, ROWS_MAX = 8, 16  # query rows per program: 8 when max_q_len·G fits, else 16
 USE_ASM = True  # PTX nibble decode on the GPU (False: the plain Triton decode, as in the interpreter)
-HEAD_MAJOR = False  # page layout [blocks, Hkv, BLOCK, 64] (True) or [blocks, BLOCK, Hkv, 64]
 MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (full causal only;
 # same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
@@ -144,8 +143,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                         m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                         BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                        DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr,
-                        HEAD_MAJOR: tl.constexpr = False, PDL: tl.constexpr = 0):
+                        DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -185,13 +183,11 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         acc_o = tl.zeros([D // 2, BLOCK_M], tl.float32)
         acc_c = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
-        # a key's row: page · BLOCK·Hkv + slot · KS + head · HS (token-major: KS = Hkv, HS = 1;
-        # head-major pages, HEAD_MAJOR: KS = 1, HS = BLOCK)
-        KS = HKV
-        HS = 1
-        if HEAD_MAJOR:
-            KS = 1
-            HS = BLOCK
+        # head-major pages: a key's row is page · BLOCK·Hkv + head · BLOCK + slot (the stride of
+        # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes apart,
+        # H200 32k B = 16 / 64 117.3 / 450.6 -> 109.8 / 411.1 µs, bench/results/h200-2026-11-30m/my/)
+        KS = 1
+        HS = BLOCK
         PAGE = BLOCK * HKV
         offs = (i_n * KS)[:, None] * (D // 2) + b[None, :]
         kc_p = kc_ptr + h * HS * (D // 2)
@@ -226,13 +222,12 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
 def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens,
                              cu_q_lens, sm_scale, window=0):
     """fp32 torch reference of :func:`int4_paged_attention` (dequantize, then dense attention)."""
-    blk, hkv = k_codes.shape[1], k_codes.shape[2]
+    hkv, blk = k_codes.shape[1], k_codes.shape[2]
 
     def gather(slots):
-        kc = k_codes.view(-1, hkv, HEAD_DIM // 2)[slots]
-        vc = v_codes.view(-1, hkv, HEAD_DIM // 2)[slots]
-        km = k_meta.view(-1, hkv, 2)[slots]
-        vm = v_meta.view(-1, hkv, 2)[slots]
+        rows = int4_rows(slots, hkv, blk)
+        kc, vc = (c.view(-1, HEAD_DIM // 2)[rows] for c in (k_codes, v_codes))
+        km, vm = (m.view(-1, 2)[rows] for m in (k_meta, v_meta))
         return dequantize_int4_ref(kc, km), dequantize_int4_ref(vc, vm)
 
     return paged_attention_dense_ref(q, block_tables, seq_lens, cu_q_lens, blk, gather, sm_scale,
@@ -265,12 +260,12 @@ def rows_per_program(max_q_len: int, group: int) -> int:
 
 def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
-    rows = rows_per_program(max_q_len, q.shape[1] // k_codes.shape[2])
+    rows = rows_per_program(max_q_len, q.shape[1] // k_codes.shape[1])
     return launch_paged(_int4_attn_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
-                        block_m=rows, USE_ASM=USE_ASM and not interpret, MASK_FREE=MASK_FREE,
-                        HEAD_MAJOR=HEAD_MAJOR)
+                        block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
+                        MASK_FREE=MASK_FREE)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
@@ -280,8 +275,9 @@ def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_
 
     Args:
         q: bf16 [total_q, Hq, 128], already M_q·rms(q) (see qk_norm_fold_int4), contiguous.
-        k_codes, v_codes: uint8 [num_blocks, BLOCK, Hkv, 64]; BLOCK in (16, 32, 64, 128).
-        k_meta, v_meta: fp16 [num_blocks, BLOCK, Hkv, 2] = (scale, offset).
+        k_codes, v_codes: uint8 [num_blocks, Hkv, BLOCK, 64] (head-major pages); BLOCK in
+            (16, 32, 64, 128).
+        k_meta, v_meta: fp16 [num_blocks, Hkv, BLOCK, 2] = (scale, offset).
         block_tables: int32 [num_seqs, max_blocks_per_seq]; seq_lens: int32 [num_seqs] (positions
             in the cache, new tokens included); cu_q_lens: int32 [num_seqs + 1].
         max_seq_len, max_q_len: host ints bounding seq_lens and the per-stream query counts (they
@@ -296,15 +292,15 @@ def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_
         RuntimeError for CUDA tensors without Triton.
     Source: shared/spec/kv-cache.md (INT4 format), kolibri-1.md (GQA, masks), seed 002.
     """
-    hkv = k_codes.shape[2] if k_codes.dim() == 4 else 1
+    hkv = k_codes.shape[1] if k_codes.dim() == 4 else 1
     check_tensor("k_codes", k_codes, torch.uint8, (None, None, None, HEAD_DIM // 2), q.device)
-    nb, blk = k_codes.shape[:2]
+    nb, blk = k_codes.shape[0], k_codes.shape[2]
     part = PART if part is None else part
     check_common(q, block_tables, seq_lens, cu_q_lens, hkv, blk, max_seq_len, max_q_len, window,
                  part, BLOCK_N)
     check_tensor("v_codes", v_codes, torch.uint8, tuple(k_codes.shape), q.device)
-    check_tensor("k_meta", k_meta, torch.float16, (nb, blk, hkv, 2), q.device)
-    check_tensor("v_meta", v_meta, torch.float16, (nb, blk, hkv, 2), q.device)
+    check_tensor("k_meta", k_meta, torch.float16, (nb, hkv, blk, 2), q.device)
+    check_tensor("v_meta", v_meta, torch.float16, (nb, hkv, blk, 2), q.device)
     sm_scale = default_sm_scale() if sm_scale is None else float(sm_scale)
     args = (q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens, sm_scale,
             int(max_seq_len), int(max_q_len), int(window), int(part))

@@ -8,7 +8,8 @@ rms(x) = x / sqrt(mean(x²) + eps) in fp32. k_cached and v are each quantized pe
 over the 128 numbers: scale = (max-min)/15, offset = min (both stored as fp16; the codes are
 computed against the stored fp16 values), code = clamp(floor((x-offset)/scale + 0.5), 0, 15),
 code 0 everywhere when scale == 0. Codes pack two per byte, element 2i in the low nibble.
-Layouts: plugins/LAYOUTS.md.
+Pages are head-major, [num_blocks, Hkv, BLOCK, 64] and [num_blocks, Hkv, BLOCK, 2]: one head's
+keys of a page are contiguous (`int4_rows`). Layouts: plugins/LAYOUTS.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _qk_fold_int4_kernel(
     q_ptr, k_ptr, v_ptr, mq_ptr, mk_ptr, slot_ptr,
     kc_ptr, vc_ptr, km_ptr, vm_ptr, qo_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
-    HQ, HKV, eps,
+    HQ, HKV, BLK, eps,
     HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
@@ -70,7 +71,7 @@ def _qk_fold_int4_kernel(
         code = tl.minimum(tl.maximum(code, 0.0), 15.0).to(tl.int32)
         lo, hi = tl.split(tl.reshape(code, (HKV_P, D // 2, 2)))
         packed = (lo | (hi << 4)).to(tl.uint8)
-        row = slot * HKV + hk  # int64 flat (slot, head) index
+        row = ((slot // BLK) * HKV + hk) * BLK + slot % BLK  # int64 flat row (int4_rows)
         b = tl.arange(0, D // 2)
         tl.store(c_ptr + row[:, None] * (D // 2) + b[None, :], packed, mask=wmask[:, None])
         tl.store(m_ptr + row * 2, scale_h, mask=wmask)
@@ -99,6 +100,14 @@ def quantize_int4_ref(x: torch.Tensor):
     return packed, torch.stack([scale_h, off_h], -1)
 
 
+def int4_rows(slots: torch.Tensor, hkv: int, block: int) -> torch.Tensor:
+    """Flat rows of head-major pages: slots int64 [n] (block·BLOCK + offset) -> int64 [n, hkv],
+    row (block·hkv + head)·BLOCK + offset of a cache viewed as [-1, 64] (codes) or [-1, 2]
+    (meta)."""
+    heads = torch.arange(hkv, device=slots.device)
+    return ((slots // block)[:, None] * hkv + heads[None, :]) * block + (slots % block)[:, None]
+
+
 def dequantize_int4_ref(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     """codes uint8 [..., 64] + meta fp16 [..., 2] -> fp32 [..., 128]: code * scale + offset."""
     lo = (codes & 15).float()
@@ -114,10 +123,9 @@ def qk_norm_fold_int4_ref(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_m
     kc, kmeta = quantize_int4_ref(k_rot)
     vc, vmeta = quantize_int4_ref(v.float())
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
+    rows = int4_rows(slot_mapping[keep], k_codes.shape[1], k_codes.shape[2])
     for cache, val in ((k_codes, kc), (v_codes, vc), (k_meta, kmeta), (v_meta, vmeta)):
-        flat = cache.view(-1, *cache.shape[2:])
-        flat[slots] = val[keep]
+        cache.view(-1, cache.shape[-1])[rows] = val[keep]
     return q_out
 
 
@@ -134,11 +142,11 @@ def _check(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta, v_meta):
         check_tensor(name, m, torch.float32, (HEAD_DIM, HEAD_DIM), dev)
     check_tensor("slot_mapping", slot_mapping, torch.int64, (T,), dev)
     hkv = k.shape[1]
-    check_tensor("k_codes", k_codes, torch.uint8, (None, None, hkv, HEAD_DIM // 2), dev)
-    nb, blk = k_codes.shape[:2]
-    check_tensor("v_codes", v_codes, torch.uint8, (nb, blk, hkv, HEAD_DIM // 2), dev)
-    check_tensor("k_meta", k_meta, torch.float16, (nb, blk, hkv, 2), dev)
-    check_tensor("v_meta", v_meta, torch.float16, (nb, blk, hkv, 2), dev)
+    check_tensor("k_codes", k_codes, torch.uint8, (None, hkv, None, HEAD_DIM // 2), dev)
+    nb, blk = k_codes.shape[0], k_codes.shape[2]
+    check_tensor("v_codes", v_codes, torch.uint8, (nb, hkv, blk, HEAD_DIM // 2), dev)
+    check_tensor("k_meta", k_meta, torch.float16, (nb, hkv, blk, 2), dev)
+    check_tensor("v_meta", v_meta, torch.float16, (nb, hkv, blk, 2), dev)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::qk_norm_fold_int4",
@@ -166,7 +174,7 @@ def _launch(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta, v_meta, e
         return q_out
     launch(_qk_fold_int4_kernel, (T,), q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta,
            v_meta, q_out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-           v.stride(1), hq, hkv, float(eps), HQ_P=max(16, next_pow2(hq)),
+           v.stride(1), hq, hkv, k_codes.shape[2], float(eps), HQ_P=max(16, next_pow2(hq)),
            HKV_P=max(16, next_pow2(hkv)), D=HEAD_DIM, num_warps=4, interpret=interpret)
     return q_out
 
@@ -181,8 +189,9 @@ def qk_norm_fold_int4(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta,
         m_q: fp32 [128, 128] = R·diag(g_q⊙g_k) (times 1/sqrt(128) if the caller folds it).
         m_k: fp32 [128, 128] = R.
         slot_mapping: int64 [T], physical slot = block*BLOCK + offset; negative = do not write.
-        k_codes, v_codes: uint8 [num_blocks, BLOCK, Hkv, 64], written in place at the slots.
-        k_meta, v_meta: fp16 [num_blocks, BLOCK, Hkv, 2] (scale, offset), written in place.
+        k_codes, v_codes: uint8 [num_blocks, Hkv, BLOCK, 64] (head-major pages), written in
+            place at the slots.
+        k_meta, v_meta: fp16 [num_blocks, Hkv, BLOCK, 2] (scale, offset), written in place.
         eps: RMS epsilon (config rms_norm_eps).
         interpret: run the Triton kernel in the interpreter on CPU tensors (tests only).
     Returns:

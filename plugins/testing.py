@@ -50,14 +50,16 @@ def paged_layout(seq_lens, q_lens, block_size, g, device="cpu", spare_blocks=3):
 
 
 def int4_cache(num_blocks, block_size, hkv, g, device="cpu"):
-    """Random (k_codes, v_codes, k_meta, v_meta) with scales in [0.01, 0.31] and N(0,1) offsets."""
+    """Random head-major (k_codes, v_codes, k_meta, v_meta): codes uint8 [num_blocks, hkv,
+    block_size, 64], meta fp16 [num_blocks, hkv, block_size, 2] with scales in [0.01, 0.31] and
+    offsets in [-2, 0]."""
     out = []
     for _ in range(2):
-        out.append(torch.randint(0, 256, (num_blocks, block_size, hkv, 64), generator=g,
+        out.append(torch.randint(0, 256, (num_blocks, hkv, block_size, 64), generator=g,
                                  dtype=torch.uint8).to(device))
     for _ in range(2):
-        sc = torch.rand((num_blocks, block_size, hkv), generator=g) * 0.3 + 0.01
-        off = -torch.rand((num_blocks, block_size, hkv), generator=g) * 2.0
+        sc = torch.rand((num_blocks, hkv, block_size), generator=g) * 0.3 + 0.01
+        off = -torch.rand((num_blocks, hkv, block_size), generator=g) * 2.0
         out.append(torch.stack([sc, off], -1).half().to(device))
     return tuple(out)
 

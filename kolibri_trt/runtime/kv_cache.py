@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write
-from kolibri_trt_plugins.qk_norm_fold_int4 import dequantize_int4_ref, quantize_int4_ref
+from kolibri_trt_plugins.qk_norm_fold_int4 import (dequantize_int4_ref, int4_rows,
+                                                   quantize_int4_ref)
 
 from ..config import KolibriConfig
 
@@ -67,8 +68,9 @@ class KVCache:
     """The cache tensors of every layer, with write and gather in plain torch (the CPU path).
 
     Per sliding layer: k, v [num_sliding_blocks, bs, Hkv, D] (fp8 or bf16) and fp32 scalar
-    k_scale, v_scale. Per full layer: int4 -> k_codes, v_codes uint8 [nb, bs, Hkv, D/2] and
-    k_meta, v_meta fp16 [nb, bs, Hkv, 2]; fp8 / bf16 -> k, v [nb, bs, Hkv, D].
+    k_scale, v_scale. Per full layer: int4 -> k_codes, v_codes uint8 [nb, Hkv, bs, D/2] and
+    k_meta, v_meta fp16 [nb, Hkv, bs, 2] (head-major pages, plugins/LAYOUTS.md); fp8 / bf16 ->
+    k, v [nb, bs, Hkv, D].
     """
 
     def __init__(self, cfg: KolibriConfig, plan: KVPlan, geometry: CacheGeometry,
@@ -80,8 +82,8 @@ class KVCache:
             fmt = plan.sliding if cfg.is_sliding(i) else plan.full
             nb = geometry.num_sliding_blocks if cfg.is_sliding(i) else geometry.num_full_blocks
             if fmt in INT4_FULL:
-                t = {"k_codes": torch.zeros(nb, bs, hkv, d // 2, dtype=torch.uint8, device=device),
-                     "k_meta": torch.zeros(nb, bs, hkv, 2, dtype=torch.float16, device=device)}
+                t = {"k_codes": torch.zeros(nb, hkv, bs, d // 2, dtype=torch.uint8, device=device),
+                     "k_meta": torch.zeros(nb, hkv, bs, 2, dtype=torch.float16, device=device)}
                 t["v_codes"], t["v_meta"] = torch.zeros_like(t["k_codes"]), torch.zeros_like(t["k_meta"])
             else:
                 dtype = FP8 if fmt == "fp8" else torch.bfloat16
@@ -100,15 +102,21 @@ class KVCache:
         M_k·rms(k)); slots int64 [T] physical slots of this layer's pool."""
         t, fmt = self.layers[layer], self.format(layer)
         if fmt in INT4_FULL:
+            rows = self._int4_rows(t, slots)
             for name, x in (("k", k), ("v", v)):
                 codes, meta = quantize_int4_ref(x.float())
-                t[f"{name}_codes"].view(-1, *codes.shape[1:])[slots] = codes
-                t[f"{name}_meta"].view(-1, *meta.shape[1:])[slots] = meta
+                t[f"{name}_codes"].view(-1, codes.shape[-1])[rows] = codes
+                t[f"{name}_meta"].view(-1, 2)[rows] = meta
         elif fmt == "fp8":
             fp8_kv_write(k, v, slots, t["k"], t["v"], t["k_scale"], t["v_scale"])
         else:
             t["k"].view(-1, *k.shape[1:])[slots] = k.to(torch.bfloat16)
             t["v"].view(-1, *v.shape[1:])[slots] = v.to(torch.bfloat16)
+
+    @staticmethod
+    def _int4_rows(t: dict, slots: torch.Tensor) -> torch.Tensor:
+        """Flat rows [n, Hkv] of `slots` in a layer's head-major INT4 pages."""
+        return int4_rows(slots, t["k_codes"].shape[1], t["k_codes"].shape[2])
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized keys and values at `slots` (int64 [n]): fp32 [n, Hkv, D] each."""
@@ -116,8 +124,9 @@ class KVCache:
         out = []
         for name in ("k", "v"):
             if fmt in INT4_FULL:
-                codes = t[f"{name}_codes"].view(-1, *t[f"{name}_codes"].shape[2:])[slots]
-                meta = t[f"{name}_meta"].view(-1, *t[f"{name}_meta"].shape[2:])[slots]
+                rows = self._int4_rows(t, slots)
+                codes = t[f"{name}_codes"].view(-1, t[f"{name}_codes"].shape[-1])[rows]
+                meta = t[f"{name}_meta"].view(-1, 2)[rows]
                 out.append(dequantize_int4_ref(codes, meta))
             else:
                 x = t[name].view(-1, *t[name].shape[2:])[slots].float()

@@ -55,10 +55,11 @@ def int4_case(blk, seed, hq=4, hkv=2):
 @pytest.mark.parametrize("window", [0, 20])
 def test_int4_reference_against_dense(blk, window):
     q, (kc, vc, km, vm), bt, sl, cu = int4_case(blk, blk + window)
-    hkv = kc.shape[2]
+    hkv = kc.shape[1]
 
-    def d4(codes, slots, meta):
-        return dequantize_int4_ref(codes.view(-1, hkv, 64)[slots], meta.view(-1, hkv, 2)[slots])
+    def d4(codes, slots, meta):   # head-major pages: [block, head, offset]
+        b, o = slots // blk, slots % blk
+        return dequantize_int4_ref(codes[b, :, o], meta[b, :, o])
     ks = [d4(kc, bt[s, torch.arange(L) // blk].long() * blk + torch.arange(L) % blk, km)
           for s, L in enumerate(SEQS)]
     vs = [d4(vc, bt[s, torch.arange(L) // blk].long() * blk + torch.arange(L) % blk, vm)

@@ -5,7 +5,7 @@ import torch
 
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.qk_norm_fold_int4 import (dequantize_int4_ref, fold_matrices,
-                                                   hadamard_rotation, qk_norm_fold_int4,
+                                                   hadamard_rotation, int4_rows, qk_norm_fold_int4,
                                                    qk_norm_fold_int4_ref, quantize_int4_ref, rms)
 
 FOLD_SCORE_RTOL = 1e-5   # fp32 products of an orthogonal rotation: rounding only
@@ -14,8 +14,9 @@ CODE_FLIP_FRAC = 2e-2    # codes may move by one step at rounding boundaries (fp
 
 
 def caches(nb, blk, hkv):
-    return ([torch.zeros((nb, blk, hkv, 64), dtype=torch.uint8) for _ in range(2)]
-            + [torch.zeros((nb, blk, hkv, 2), dtype=torch.float16) for _ in range(2)])
+    """Empty head-major pages: codes [nb, hkv, blk, 64], meta [nb, hkv, blk, 2]."""
+    return ([torch.zeros((nb, hkv, blk, 64), dtype=torch.uint8) for _ in range(2)]
+            + [torch.zeros((nb, hkv, blk, 2), dtype=torch.float16) for _ in range(2)])
 
 
 def test_rotation_is_orthogonal_and_fold_keeps_scores():
@@ -44,6 +45,16 @@ def test_int4_quantize_format():
     assert int(c[0, 0]) == 0xF0
 
 
+def test_int4_rows_address_head_major_pages():
+    """int4_rows(slots) are the flat rows of [block, head, offset] in [nb, Hkv, BLOCK, X]."""
+    nb, hkv, blk = 3, 4, 16
+    cache = torch.arange(nb * hkv * blk).view(nb, hkv, blk, 1)
+    slots = torch.tensor([0, 5, 16, 47, 33])
+    rows = int4_rows(slots, hkv, blk)
+    want = torch.stack([cache[int(s) // blk, :, int(s) % blk, 0] for s in slots])
+    assert torch.equal(cache.view(-1, 1)[rows][..., 0], want)
+
+
 def test_int4_constant_row_guard():
     codes, meta = quantize_int4_ref(torch.full((2, 128), 0.75))
     assert torch.all(codes == 0) and torch.all(meta[..., 0] == 0)
@@ -69,7 +80,8 @@ def test_cpu_op_is_reference_and_skips_negative_slots():
     out = qk_norm_fold_int4(q, k, v, mq, mk, slots, *c)
     ref = qk_norm_fold_int4_ref(q, k, v, mq, mk, slots, *c_ref, 1e-6)
     assert torch.equal(out, ref) and all(torch.equal(a, b) for a, b in zip(c, c_ref))
-    written = sum(int((x.view(-1, *x.shape[2:]).abs().sum((-1, -2)) > 0).sum()) for x in c[:1])
+    per_slot = c[0].transpose(1, 2).reshape(-1, c[0].shape[1] * 64)   # [block·BLOCK + off, ..]
+    written = int((per_slot.abs().sum(-1) > 0).sum())
     assert written == 2  # slots[1] == -1 is not written
 
 
