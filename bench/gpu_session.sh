@@ -391,6 +391,11 @@ case "${PART:-}" in
     step int4regs 200 python3 bench/int4_attn_t_tune.py --regs
     pack mx
     ;;
+  mq)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step study 120 python3 bench/plugins.py --only study,fold
+    pack mq
+    ;;
   mz)
     step fullsize 240 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 170
     pack mz
