@@ -25,6 +25,7 @@ from __future__ import annotations
 from kolibri_trt_plugins._common import jit, tl
 from kolibri_trt_plugins._common import pdl_enter, pdl_release
 from kolibri_trt_plugins._paged import launch_paged, softmax_step
+from kolibri_trt_plugins.int4_paged_attention import _codes_f16, _meta  # unchanged in v5
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md)
@@ -38,52 +39,6 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # (bench/int4_attn_tune.py, plugins/NOTES.md): B=16 187.4 µs (BLOCK_N 128, 4 warps, stages 3)
 # -> 133.2 µs, B=1 21.2 -> 24.4 µs.
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
-
-
-@jit
-def _codes_f16(c, EXACT: tl.constexpr, PURE: tl.constexpr, USE_ASM: tl.constexpr):
-    """uint8 packed codes [N, 64] -> (low, high nibbles) as fp16 [N, 64], no int->float cvt.
-
-    The fp16 bit pattern 0x64nn is 1024 + nn. EXACT=False returns 1024 + lo and 1024 + 16·hi (one
-    prmt per 2 bytes + one lop3 per 2 codes: 0.75 instructions per code); the caller removes the
-    bias (for keys: the MMA accumulator starts at -1024·Σq). EXACT=True returns lo and hi (one
-    more f16x2 sub / fma per 2 codes). PURE=False keeps Triton from moving the decode past the
-    layout conversion: it runs in the 16-byte load layout and the fp16 tile reaches the MMA through
-    shared memory (ldmatrix); PURE=True lets it decode the staged bytes in the MMA operand
-    registers (less shared-memory traffic; operand kWidth 4, the other operand gets shuffled)."""
-    if USE_ASM and EXACT:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 k, p, c0, c1, c2; mov.b32 k, 0x64; mov.b32 c0, 0x64006400; "
-            "mov.b32 c1, 0x2C002C00; mov.b32 c2, 0xD400D400; "
-            "prmt.b32 p, $4, k, 0x4140; and.b32 $0, p, 0xFF0FFF0F; sub.rn.f16x2 $0, $0, c0; "
-            "and.b32 $2, p, 0xFFF0FFF0; fma.rn.f16x2 $2, $2, c1, c2; "
-            "prmt.b32 p, $4, k, 0x4342; and.b32 $1, p, 0xFF0FFF0F; sub.rn.f16x2 $1, $1, c0; "
-            "and.b32 $3, p, 0xFFF0FFF0; fma.rn.f16x2 $3, $3, c1, c2; }",
-            "=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16), is_pure=PURE, pack=4)
-    elif USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 k, p; mov.b32 k, 0x64; "
-            "prmt.b32 p, $4, k, 0x4140; and.b32 $0, p, 0xFF0FFF0F; and.b32 $2, p, 0xFFF0FFF0; "
-            "prmt.b32 p, $4, k, 0x4342; and.b32 $1, p, 0xFF0FFF0F; and.b32 $3, p, 0xFFF0FFF0; }",
-            "=r,=r,=r,=r,r", [c], dtype=(tl.float16, tl.float16), is_pure=PURE, pack=4)
-    else:
-        c16 = c.to(tl.uint16)
-        lo = ((c16 & 15) | 0x6400).to(tl.float16, bitcast=True)
-        hi = ((c16 & 0xF0) | 0x6400).to(tl.float16, bitcast=True)
-        if EXACT:
-            lo = lo - 1024.0
-            hi = hi * 0.0625 - 64.0
-    return lo, hi
-
-
-@jit
-def _meta(m_ptr, off, mask):
-    """(scale, offset) fp32 of the keys at uint32 pointer m_ptr + off: one 4-byte load per key
-    (masked keys read as 0, 0)."""
-    w = tl.load(m_ptr + off, mask=mask, other=0)
-    s = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    o = (w >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    return s, o
 
 
 @jit
