@@ -93,15 +93,17 @@ def _meta(m_ptr, off, mask):
 
 @jit
 def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
-            k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
-            BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-            DOT_F32: tl.constexpr):
+          k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
+          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
+          DOT_F32: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
     rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
     MASKED=False: every key of the tile is visible to every row (no mask math)."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
-    if BLOCK >= BLOCK_N:  # the whole tile lies in one page
+    # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
+    # invisible keys meet p = 0 and zeroed (masked) scale and offset.
+    if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
         phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
         base = phys * PAGE + (n0 % BLOCK) * KS
         kc = tl.load(kc_p + base * (D // 2) + offs)
@@ -140,10 +142,10 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
 
 @jit
 def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cuq_ptr,
-                        m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
-                        BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                        DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, PDL: tl.constexpr = 0):
+                      m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
+                      BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
+                      DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -184,8 +186,9 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         acc_c = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
         # head-major pages: a key's row is page · BLOCK·Hkv + head · BLOCK + slot (the stride of
-        # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes apart,
-        # H200 32k B = 16 / 64 117.3 / 450.6 -> 109.8 / 411.1 µs, bench/results/h200-2026-11-30m/my/)
+        # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes
+        # apart; H200 32k B = 16 / 64 117.3 / 450.6 -> 109.8 / 411.1 µs,
+        # bench/results/h200-2026-11-30m/my/)
         KS = 1
         HS = BLOCK
         PAGE = BLOCK * HKV
@@ -204,13 +207,13 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         for n0 in range(n_start, n_mid, BLOCK_N):
             m_i, l_i, acc_e, acc_o, acc_c = _tile(
                 n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK, BLOCK_N,
-                D, USE_ASM, DOT_F32)
+                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
+                BLOCK_N, D, USE_ASM, DOT_F32)
         for n0 in range(n_mid, k_hi, BLOCK_N):
             m_i, l_i, acc_e, acc_o, acc_c = _tile(
                 n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N,
-                D, USE_ASM, DOT_F32)
+                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
+                BLOCK_N, D, USE_ASM, DOT_F32)
         pdl_release(PDL)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)

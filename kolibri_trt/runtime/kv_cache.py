@@ -121,10 +121,10 @@ class KVCache:
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized keys and values at `slots` (int64 [n]): fp32 [n, Hkv, D] each."""
         t, fmt = self.layers[layer], self.format(layer)
+        rows = self._int4_rows(t, slots) if fmt in INT4_FULL else None
         out = []
         for name in ("k", "v"):
             if fmt in INT4_FULL:
-                rows = self._int4_rows(t, slots)
                 codes = t[f"{name}_codes"].view(-1, t[f"{name}_codes"].shape[-1])[rows]
                 meta = t[f"{name}_meta"].view(-1, 2)[rows]
                 out.append(dequantize_int4_ref(codes, meta))
