@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""INT4 paged attention v5 (query rows as the MMA's N, plugins/int4_paged_attention.py) against
-the frozen v4 (rows as M, bench/int4_attn_v4.py) and FP8 full-causal attention at 32k. One call:
+"""INT4 paged attention v5 (query rows as the MMA's N, plugins/int4_paged_attention.py): its
+settings against FP8 full-causal attention at 32k. One call:
 
-    python3 bench/int4_attn_t_tune.py [--budget SECONDS]
+    python3 bench/int4_attn_t_tune.py [--budget SECONDS] [--regs]
 
 Decode at B = 1, 16, 64 for BLOCK_N in BLOCK_NS; verification at B = 16 with 2, 4 and 8 query
-tokens per stream for every (BLOCK_N, ROWS_MAX) in VERIFY. Then, under the defaults: gpu_check's
-INT4 attention cases (reference, graph replay into a larger bucket, batch invariance 1 vs 16,
-decode and verify), decode rows of 8-row against 16-row programs, and v5 against v4 (BLOCK_N 32:
-bit-identical). Timing as bench/plugins.py. Log: $OUT/int4_attn_t.log. Round 1 (8d285f6, the
-kernel then in bench/int4_attn_t.py): bench/results/h200-2026-11-30m/mt/.
+tokens per stream for every (BLOCK_N, ROWS_MAX) in VERIFY, each against the defaults' output.
+Then, under the defaults: gpu_check's INT4 attention cases (reference, graph replay into a larger
+bucket, batch invariance 1 vs 16, decode and verify) and decode rows of 8-row against 16-row
+programs. Timing as bench/plugins.py. Log: $OUT/int4_attn_t.log. Rounds with the frozen v4
+beside v5 (bench/int4_attn_v4.py, last at 37457e6): bench/results/h200-2026-11-30m/mu/, mv/.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu_check as GC  # noqa: E402  (maps kolibri_trt_plugins onto ./plugins)
-import int4_attn_v4 as V4  # noqa: E402
 import plugin_timing as PT  # noqa: E402
 
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention  # noqa: E402
@@ -83,24 +82,12 @@ def setting(bn, rows_max):
     IA.BLOCK_N, IA.ROWS_MAX = bn, rows_max
 
 
-def v4_reference(t, bt, q_len):
-    """v4's output (fp32) on the cache of `t` converted to token-major pages."""
-    conv = [c.transpose(1, 2).contiguous() for c in t[1:5]]
-    return V4._launch(t[0], *conv, bt, *t[6:8], SCALE, CTX, q_len, 0, 512, False).float()
-
-
 def int4_times(B, q_len, deadline, results):
     t = int4_inputs(B, q_len)
     bts, nbytes = t[5], t[8]
     args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
-    # v4 reads token-major pages: timed on the same bytes viewed so, compared on a converted copy
-    tm = [c.view(c.shape[0], c.shape[2], c.shape[1], c.shape[3]) for c in t[1:5]]
-    v4_args = lambda b: (t[0], *tm, b) + t[6:8]  # noqa: E731
-    us = PT.time_calls([lambda b=b: V4._launch(*v4_args(b), SCALE, CTX, q_len, 0, 512, False)
-                        for b in bts])
-    results[("v4", B, q_len)] = us
-    say(f"B={B:2d} q={q_len} int4 v4                   {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s")
-    ref = v4_reference(t, bts[0], q_len)
+    setting(*DEFAULTS)
+    ref = int4_paged_attention(*args(bts[0]), CTX, q_len).float()   # the defaults' output
     runs = [(bn, 16) for bn in BLOCK_NS] if q_len == 1 else list(VERIFY)
     for bn, rows in runs:
         if time.time() > deadline:
@@ -114,7 +101,7 @@ def int4_times(B, q_len, deadline, results):
                                 for b in bts])
             results[((bn, rows), B, q_len)] = us
             say(f"B={B:2d} q={q_len} int4 v5 BLOCK_N {bn:3d} rows {rows:2d} {us:8.1f} us  "
-                f"{nbytes / us / 1e6:5.2f} TB/s  rel vs v4 {rel:.1e}")
+                f"{nbytes / us / 1e6:5.2f} TB/s  rel vs defaults {rel:.1e}")
         except Exception as exc:
             say(f"B={B} q={q_len} ({bn}, {rows}) FAILED: {str(exc)[:400]}")
     setting(*DEFAULTS)
@@ -131,13 +118,6 @@ def checks():
     IA.ROWS_DECODE = 8
     GC.record("int4 v5 decode rows: 8-row vs 16-row programs", torch.equal(a, b),
               "bit-identical" if torch.equal(a, b) else "DIFFERS")
-    c = v4_reference(t, t[5][0], 1).to(a.dtype)
-    if IA.BLOCK_N == V4.BLOCK_N:   # the same key tiles: the same sums in the same order
-        GC.record(f"int4 v5 (head-major) vs v4 (token-major), BLOCK_N {IA.BLOCK_N}",
-                  torch.equal(a, c), "bit-identical" if torch.equal(a, c) else "DIFFERS")
-    else:
-        say(f"v5 (BLOCK_N {IA.BLOCK_N}) vs v4 (BLOCK_N {V4.BLOCK_N}): rel "
-            f"{GC.T.rel_err(a, c):.1e}")
     res = GC.RESULTS[n0:]
     say(f"CHECK defaults {DEFAULTS}: {sum(r[1] for r in res)}/{len(res)} passed")
     for name, ok, msg in res:
@@ -202,7 +182,7 @@ def main():
             say(traceback.format_exc())
         torch.cuda.empty_cache()  # the inputs died with int4_times
     say("\nFP8/INT4 speed-up at B = " + ", ".join(map(str, fp8)))
-    for key in ["v4"] + [(bn, 16) for bn in BLOCK_NS]:
+    for key in [(bn, 16) for bn in BLOCK_NS]:
         if all((key, B, 1) in results for B in fp8):
             say(f"  {str(key):10s} " + "  ".join(f"{fp8[B] / results[(key, B, 1)]:5.2f}x"
                                                 for B in fp8))
