@@ -137,6 +137,9 @@
 #       gpu_drafter --only graphs, fullsize decode, then the chat + German eval (8 prompts,
 #       greedy, medians of 2) with PDL and with KOLIBRI_PDL=0 (~8 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
+#       heads split over programs), then Nsight Compute's full set on one launch of each
+#       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
 #   PART=lf bash bench/gpu_session.sh   PDL mode 2 (each kernel lets the next launch after its
 #       main loop): fullsize decode with KOLIBRI_PDL=0, 2, 0 (whole steps, the order guards
 #       against drift), then gpu_check of the kernels and the trained default's gpu_runtime
@@ -222,7 +225,30 @@ unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried (benc
   python3 bench/carry_engine.py unpack "engines/$1.tar.xz" engines && echo "unpacked engines/$1.tar.xz"
 }
 
+ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on COUNT launches of
+  # bench/ncu_targets.py TARGET (after 2 skipped), written as text: details and per-SASS counters
+  step "ncu_$1" 150 ncu --clock-control none -k "regex:$2" --launch-skip 2 -c "$3" --set full \
+    --import-source yes -f -o "$OUT/$1" python3 bench/ncu_targets.py "$1"
+  ncu -i "$OUT/$1.ncu-rep" --page details > "$OUT/$1_details.txt" 2>&1
+  ncu -i "$OUT/$1.ncu-rep" --page source --print-source sass --csv > "$OUT/$1_sass.csv" 2>&1
+  ncu -i "$OUT/$1.ncu-rep" --page raw --csv > "$OUT/$1_raw.csv" 2>&1
+}
+
 case "${PART:-}" in
+  na)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step check 90 python3 bench/gpu_check.py --only fold
+    step fold 60 python3 bench/plugins.py --only fold
+    ncuprof fold_t1 _qk_fold_int4_kernel 1
+    ncuprof int4_b16 _int4_attn_kernel 1
+    ncuprof int4_b1 _int4_attn_kernel 1
+    ncuprof int4_b16_q4 _int4_attn_kernel 1
+    ncuprof fp8_b16 _fp8_attn_kernel 1
+    ncuprof sliding_b1 _fp8_attn_kernel 1
+    ncuprof moe_m1 _moe_expert_kernel 2
+    ncuprof nvfp4_m1 _nvfp4_gemv_kernel 1
+    pack na
+    ;;
   a)
     unpack carry-a
     step kernels 150 python3 bench/gpu_check.py --only norm,qknorm,fp8gemv,moe,splitk

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl)
+from ._common import (NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl)
 from ._common import pdl_enter, pdl_release
 
 HEAD_DIM = 128
+Q_ROWS = 16   # query heads per program (tl.dot's smallest M); 20 heads -> 2 programs per token
 
 
 @jit
@@ -28,21 +29,37 @@ def _qk_fold_int4_kernel(
     kc_ptr, vc_ptr, km_ptr, vm_ptr, qo_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
     HQ, HKV, BLK, eps,
-    HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
+    Q_ROWS: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    """Grid (T, cdiv(HQ, Q_ROWS) + 1): programs 0.. of axis 1 take Q_ROWS query heads each, the
+    last one the token's keys and values, so the two 64 KB fold matrices load in parallel."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     d = tl.arange(0, D)
-    # ---- query: rms, then y = rms(q) @ M_q^T (3xTF32 on the tensor cores: ~fp32 accuracy) ----
-    hq = tl.arange(0, HQ_P)
-    qm = hq[:, None] < HQ
-    x = tl.load(q_ptr + t * sq_t + hq[:, None] * sq_h + d[None, :], mask=qm, other=0.0).to(tl.float32)
-    x = x * (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
-    mq_t = tl.load(mq_ptr + d[None, :] * D + d[:, None])  # [i, j] = M_q[j, i]
-    y = tl.dot(x, mq_t, input_precision="tf32x3")
-    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    tl.store(qo_ptr + (t * HQ + hq[:, None]) * D + d[None, :], y.to(tl.bfloat16), mask=qm)
-    # ---- key (rms + rotation) and value (as is), each quantized to INT4 ----
+    if part < tl.num_programs(1) - 1:
+        # ---- query: rms, then y = rms(q) @ M_q^T (3xTF32 on the tensor cores: ~fp32) ----
+        hq = part * Q_ROWS + tl.arange(0, Q_ROWS)
+        qm = hq[:, None] < HQ
+        x = tl.load(q_ptr + t * sq_t + hq[:, None] * sq_h + d[None, :], mask=qm,
+                    other=0.0).to(tl.float32)
+        x = x * (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
+        mq_t = tl.load(mq_ptr + d[None, :] * D + d[:, None])  # [i, j] = M_q[j, i]
+        y = tl.dot(x, mq_t, input_precision="tf32x3")
+        pdl_release(PDL)      # the next kernel may launch now (PDL 2)
+        tl.store(qo_ptr + (t * HQ + hq[:, None]) * D + d[None, :], y.to(tl.bfloat16), mask=qm)
+    else:
+        _fold_kv(k_ptr, v_ptr, mk_ptr, slot_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr,
+                 t, sk_t, sk_h, sv_t, sv_h, HKV, BLK, eps, HKV_P, D, PDL)
+
+
+@jit
+def _fold_kv(k_ptr, v_ptr, mk_ptr, slot_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr,
+             t, sk_t, sk_h, sv_t, sv_h, HKV, BLK, eps,
+             HKV_P: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    """One token's keys (rms + rotation) and values (as they are), each quantized to INT4 and
+    written at its slot of the head-major pages."""
+    d = tl.arange(0, D)
     slot = tl.load(slot_ptr + t)
     hk = tl.arange(0, HKV_P)
     km = hk[:, None] < HKV
@@ -51,6 +68,7 @@ def _qk_fold_int4_kernel(
     mk_t = tl.load(mk_ptr + d[None, :] * D + d[:, None])
     xk = tl.dot(xk, mk_t, input_precision="tf32x3")
     xv = tl.load(v_ptr + t * sv_t + hk[:, None] * sv_h + d[None, :], mask=km, other=0.0).to(tl.float32)
+    pdl_release(PDL)
     wmask = (hk < HKV) & (slot >= 0)
     for which in tl.static_range(2):
         if which == 0:
@@ -172,9 +190,9 @@ def _launch(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta, v_meta, e
     q_out = torch.empty((T, hq, HEAD_DIM), dtype=torch.bfloat16, device=q.device)
     if T == 0:
         return q_out
-    launch(_qk_fold_int4_kernel, (T,), q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta,
+    launch(_qk_fold_int4_kernel, (T, cdiv(hq, Q_ROWS) + 1), q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta,
            v_meta, q_out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-           v.stride(1), hq, hkv, k_codes.shape[2], float(eps), HQ_P=max(16, next_pow2(hq)),
+           v.stride(1), hq, hkv, k_codes.shape[2], float(eps), Q_ROWS=Q_ROWS,
            HKV_P=max(16, next_pow2(hkv)), D=HEAD_DIM, num_warps=4, interpret=interpret)
     return q_out
 

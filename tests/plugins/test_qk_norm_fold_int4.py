@@ -85,9 +85,11 @@ def test_cpu_op_is_reference_and_skips_negative_slots():
     assert written == 2  # slots[1] == -1 is not written
 
 
-@pytest.mark.parametrize("T_", [1, 3, 33])
-def test_interpreter_matches_reference(interp, T_):
-    q, k, v, mq, mk, slots, c = fold_inputs(T_, 10 + T_)
+@pytest.mark.parametrize("T_, hq, hkv", [(1, 4, 2), (3, 4, 2), (33, 4, 2), (3, 20, 4),
+                                         (2, 33, 3)])
+def test_interpreter_matches_reference(interp, T_, hq, hkv):
+    """Query heads split over programs of Q_ROWS (20 -> 16 + 4, 33 -> 16 + 16 + 1)."""
+    q, k, v, mq, mk, slots, c = fold_inputs(T_, 10 + T_, hq=hq, hkv=hkv)
     c_ref = [x.clone() for x in c]
     out = qk_norm_fold_int4(q, k, v, mq, mk, slots, *c, interpret=True)
     ref = qk_norm_fold_int4_ref(q, k, v, mq, mk, slots, *c_ref, 1e-6)
