@@ -140,6 +140,9 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nb bash bench/gpu_session.sh   (~6 min, no engine) bench/int4_attn_ab.py: the software-
+#       pipelined INT4 attention against the frozen v5 and FP8, its variants, gpu_check int4;
+#       then Nsight Compute on it at B=16, 32k
 #   PART=lf bash bench/gpu_session.sh   PDL mode 2 (each kernel lets the next launch after its
 #       main loop): fullsize decode with KOLIBRI_PDL=0, 2, 0 (whole steps, the order guards
 #       against drift), then gpu_check of the kernels and the trained default's gpu_runtime
@@ -232,9 +235,16 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
   ncu -i "$OUT/$1.ncu-rep" --page details > "$OUT/$1_details.txt" 2>&1
   ncu -i "$OUT/$1.ncu-rep" --page source --print-source sass --csv > "$OUT/$1_sass.csv" 2>&1
   ncu -i "$OUT/$1.ncu-rep" --page raw --csv > "$OUT/$1_raw.csv" 2>&1
+  python3 bench/ncu_summary.py "$OUT/$1"   # stall summaries; drops the CSVs and the report
 }
 
 case "${PART:-}" in
+  nb)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step int4ab 330 python3 bench/int4_attn_ab.py --budget 220
+    ncuprof int4_b16 _int4_attn_kernel 1
+    pack nb
+    ;;
   na)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step check 90 python3 bench/gpu_check.py --only fold

@@ -41,6 +41,8 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the column max/sum stay in the warp (no barriers), more programs per SM.
+DEFER_SUMS = False  # sums of p and p·offset per key, reduced over keys once per program (new
+# bits) instead of per tile
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -92,43 +94,70 @@ def _meta(m_ptr, off, mask):
 
 
 @jit
-def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
-          k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
-          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          DOT_F32: tl.constexpr):
-    """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
-    rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
-    MASKED=False: every key of the tile is visible to every row (no mask math)."""
+def _page_base(n0, bt_p, PAGE, KS, BLOCK: tl.constexpr):
+    """Row of the first key of the tile at n0 (int64; BLOCK >= BLOCK_N: one page per tile)."""
+    return tl.load(bt_p + n0 // BLOCK).to(tl.int64) * PAGE + (n0 % BLOCK) * KS
+
+
+@jit
+def _scores(n0, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n, offs, kc_p, km_p, bt_p, KS,
+            PAGE, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+            USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
+    """Scores of the BLOCK_N-key tile at n0, transposed: fp32 [BLOCK_N keys, BLOCK_M rows] =
+    s_j·(c_j·q) + o_j·Σq in log2 units (no mask). Keys outside [k_lo, k_hi) get scale and
+    offset 0; their codes are read unmasked (a tile's rows lie in mapped pages, or page 0)."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
-    # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
-    # invisible keys meet p = 0 and zeroed (masked) scale and offset.
     if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
-        phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
-        base = phys * PAGE + (n0 % BLOCK) * KS
+        base = _page_base(n0, bt_p, PAGE, KS, BLOCK)
         kc = tl.load(kc_p + base * (D // 2) + offs)
-        vc = tl.load(vc_p + base * (D // 2) + offs)
         ks, ko = _meta(km_p + base, i_n * KS, kval)
-        vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
         phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-        vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
         ks, ko = _meta(km_p, kh, kval)
-        vs, vo = _meta(vm_p, kh, kval)
     klo, khi = _codes_f16(kc, False, True, USE_ASM)
     if DOT_F32:
         klo = klo.to(tl.float32)
         khi = khi.to(tl.float32)
     sc = tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
-    sc = sc * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
+    return sc * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
+
+
+@jit
+def _update(n0, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs, vc_p,
+            vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr, BLOCK: tl.constexpr,
+            BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
+            DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
+    """Fold the scores sc [BLOCK_N, BLOCK_M] of the tile at n0 (from `_scores`) and its values
+    into the online softmax; returns the updated (m, l, acc_e, acc_o, acc_c), acc_e/acc_o
+    [D/2, BLOCK_M]. MASKED=False: every key of the tile is visible to every row."""
+    kpos = n0 + i_n
+    kval = (kpos >= k_lo) & (kpos < k_hi)
+    if BLOCK >= BLOCK_N:
+        base = _page_base(n0, bt_p, PAGE, KS, BLOCK)
+        vc = tl.load(vc_p + base * (D // 2) + offs)
+        vs, vo = _meta(vm_p + base, i_n * KS, kval)
+    else:
+        phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
+        kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
+        b = tl.arange(0, D // 2)
+        vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
+        vs, vo = _meta(vm_p, kh, kval)
     if MASKED:
         vis = (kpos[:, None] >= lo_r[None, :]) & (kpos[:, None] <= hi_r[None, :])
         sc = tl.where(vis, sc, float("-inf"))
-    m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
-    acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
+    if DEFER_SUMS:  # l_i, acc_c [BLOCK_N, BLOCK_M]: per-key sums, reduced once at the end
+        m_new = tl.maximum(m_i, tl.max(sc, 0))
+        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+        pr = tl.exp2(sc - tl.where(m_new == float("-inf"), 0.0, m_new)[None, :])
+        l_i = l_i * alpha[None, :] + pr
+        acc_c = acc_c * alpha[None, :] + pr * vo[:, None]
+    else:
+        m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
+        acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
     vlo, vhi = _codes_f16(vc, True, False, USE_ASM)
     pv = (pr * vs[:, None]).to(tl.float16)
     if DOT_F32:
@@ -145,7 +174,8 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                      DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, PDL: tl.constexpr = 0):
+                      DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
+                      PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -180,10 +210,14 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
             q_e = q_e.to(tl.float32)
             q_o = q_o.to(tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+        if DEFER_SUMS:
+            l_i = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            acc_c = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc_c = tl.zeros([BLOCK_M], tl.float32)
         acc_e = tl.zeros([D // 2, BLOCK_M], tl.float32)
         acc_o = tl.zeros([D // 2, BLOCK_M], tl.float32)
-        acc_c = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
         # head-major pages: a key's row is page · BLOCK·Hkv + head · BLOCK + slot (the stride of
         # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes
@@ -199,21 +233,44 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
         vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h * HS
         bt_p = bt_ptr + s * bt_stride
         n_start = (k_lo // BLOCK_N) * BLOCK_N
+        n_last = ((k_hi - 1) // BLOCK_N) * BLOCK_N   # the last tile (below n_start: none)
         hi_min = tl.min(tl.where(rvalid, hi_r, k_hi), 0)
         n_mid = n_start
         if MASK_FREE:
             n_mid = tl.where(window == 0, tl.maximum(n_start, ((hi_min + 1) // BLOCK_N) * BLOCK_N),
                              n_start)
-        for n0 in range(n_start, n_mid, BLOCK_N):
-            m_i, l_i, acc_e, acc_o, acc_c = _tile(
-                n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
-                BLOCK_N, D, USE_ASM, DOT_F32)
-        for n0 in range(n_mid, k_hi, BLOCK_N):
-            m_i, l_i, acc_e, acc_o, acc_c = _tile(
-                n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
-                k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
-                BLOCK_N, D, USE_ASM, DOT_F32)
+        n_a = tl.minimum(n_mid, n_last)
+        if n_start <= n_last:
+            # software pipelined: each step computes the next tile's scores before it folds the
+            # current tile into the softmax (independent work for the column reductions' shuffle
+            # latency); the operations per row and their order are those of one tile at a time
+            sc = _scores(n_start, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n, offs, kc_p,
+                         km_p, bt_p, KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
+            for n0 in range(n_start, n_a, BLOCK_N):   # no mask; the next tile exists
+                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n,
+                                  offs, kc_p, km_p, bt_p, KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM,
+                                  DOT_F32)
+                m_i, l_i, acc_e, acc_o, acc_c = _update(
+                    n0, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs,
+                    vc_p, vm_p, bt_p, KS, PAGE, False, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32,
+                    DEFER_SUMS)
+                sc = sc_next
+            for n0 in range(n_a, n_last, BLOCK_N):    # masked; the next tile exists
+                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n,
+                                  offs, kc_p, km_p, bt_p, KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM,
+                                  DOT_F32)
+                m_i, l_i, acc_e, acc_o, acc_c = _update(
+                    n0, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs,
+                    vc_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32,
+                    DEFER_SUMS)
+                sc = sc_next
+            m_i, l_i, acc_e, acc_o, acc_c = _update(
+                n_last, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs,
+                vc_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32,
+                    DEFER_SUMS)
+        if DEFER_SUMS:
+            l_i = tl.sum(l_i, 0)
+            acc_c = tl.sum(acc_c, 0)
         pdl_release(PDL)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
@@ -268,7 +325,7 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
                         block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
-                        MASK_FREE=MASK_FREE)
+                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
