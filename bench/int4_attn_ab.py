@@ -5,8 +5,8 @@
     python3 bench/int4_attn_ab.py [--budget SECONDS]
 
 Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at B = 16):
-v5, v6 at the defaults, v6 with DEFER_SUMS (per-key sums reduced once per program: new bits),
-v6 at num_stages 4 and 6 (launch options: the same bits). Each output is compared with v5's:
+v5, v5 and v6 with DEFER_SUMS (per-key sums reduced once per program: new bits), v6 at the
+defaults, at num_stages 6 (a launch option: the same bits) and with 256-position splits. Each output is compared with v5's:
 ``bits equal`` or the relative difference. Then gpu_check's INT4 attention cases under the
 defaults. Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log.
 """
@@ -37,7 +37,7 @@ LOG: list[str] = []
 CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8)]   # (B, tokens per stream)
 # name -> (module settings, launch-option overrides for both row tiles)
 VARIANTS = {"v6": ({}, {}), "v6 defer": ({"DEFER_SUMS": True}, {}),
-            "v6 stages 4": ({}, {"num_stages": 4}), "v6 stages 6": ({}, {"num_stages": 6})}
+            "v6 stages 6": ({}, {"num_stages": 6}), "v6 part 256": ({"PART": 256}, {})}
 
 
 def say(msg: str) -> None:
@@ -64,6 +64,12 @@ def set_variant(mod: dict, tune: dict):
     return restore
 
 
+def diff_text(out, ref) -> str:
+    if torch.equal(out, ref):
+        return "bits equal"
+    return f"rel diff {float((out.float() - ref.float()).norm() / ref.float().norm()):.1e}"
+
+
 def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
     t = TT.int4_inputs(B, q_len)
     bts, nbytes = t[5], t[8]
@@ -74,6 +80,12 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
     tag = f"B={B:2d} q={q_len}"
     extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""
     say(f"{tag} {'v5 (frozen)':12s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s{extra}")
+    out = int4_attention_v5(*args(bts[0]), ctx, q_len, defer=True)
+    us = PT.time_calls([lambda b=b: int4_attention_v5(*args(b), ctx, q_len, defer=True)
+                        for b in bts])
+    extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""
+    say(f"{tag} {'v5 defer':12s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s  "
+        f"{diff_text(out, ref)}{extra}")
     for name, (mod, tune) in VARIANTS.items():
         if time.time() > deadline:
             say(f"{tag} {name}: skipped (budget)")
@@ -81,9 +93,7 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
         restore = set_variant(mod, tune)
         try:
             out = int4_paged_attention(*args(bts[0]), ctx, q_len)
-            same = torch.equal(out, ref)
-            diff = "bits equal" if same else \
-                f"rel diff {float((out.float() - ref.float()).norm() / ref.float().norm()):.1e}"
+            diff = diff_text(out, ref)
             us = PT.time_calls([lambda b=b: int4_paged_attention(*args(b), ctx, q_len)
                                 for b in bts])
             extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""

@@ -1,5 +1,5 @@
 """Frozen copy of INT4 paged attention v5 (plugins/int4_paged_attention.py at 855f338): one tile
-at a time, the loop the software-pipelined kernel replaced. Timed beside it by
+at a time, the loop the software-pipelined kernel replaced, plus the DEFER_SUMS option. Timed beside it by
 bench/int4_attn_ab.py (the bits must be equal); remove once the plugin's kernel has given its
 bits and times on the H200.
 """
@@ -19,7 +19,7 @@ IA = sys.modules["kolibri_trt_plugins.int4_paged_attention"]
 def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
           k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
           BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          DOT_F32: tl.constexpr):
+          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
     rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
     MASKED=False: every key of the tile is visible to every row (no mask math)."""
@@ -51,8 +51,15 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     if MASKED:
         vis = (kpos[:, None] >= lo_r[None, :]) & (kpos[:, None] <= hi_r[None, :])
         sc = tl.where(vis, sc, float("-inf"))
-    m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
-    acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
+    if DEFER_SUMS:  # bench variant: per-key sums [BLOCK_N, BLOCK_M], reduced at the end
+        m_new = tl.maximum(m_i, tl.max(sc, 0))
+        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+        pr = tl.exp2(sc - tl.where(m_new == float("-inf"), 0.0, m_new)[None, :])
+        l_i = l_i * alpha[None, :] + pr
+        acc_c = acc_c * alpha[None, :] + pr * vo[:, None]
+    else:
+        m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
+        acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
     vlo, vhi = _codes_f16(vc, True, False, USE_ASM)
     pv = (pr * vs[:, None]).to(tl.float16)
     if DOT_F32:
@@ -69,7 +76,8 @@ def _int4_attn_v5_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr,
                       m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-                      DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, PDL: tl.constexpr = 0):
+                      DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
+                      PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -104,10 +112,14 @@ def _int4_attn_v5_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr,
             q_e = q_e.to(tl.float32)
             q_o = q_o.to(tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+        if DEFER_SUMS:
+            l_i = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            acc_c = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc_c = tl.zeros([BLOCK_M], tl.float32)
         acc_e = tl.zeros([D // 2, BLOCK_M], tl.float32)
         acc_o = tl.zeros([D // 2, BLOCK_M], tl.float32)
-        acc_c = tl.zeros([BLOCK_M], tl.float32)
         i_n = tl.arange(0, BLOCK_N)
         # head-major pages: a key's row is page · BLOCK·Hkv + head · BLOCK + slot (the stride of
         # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes
@@ -132,12 +144,15 @@ def _int4_attn_v5_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr,
             m_i, l_i, acc_e, acc_o, acc_c = _tile(
                 n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
                 k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
-                BLOCK_N, D, USE_ASM, DOT_F32)
+                BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
         for n0 in range(n_mid, k_hi, BLOCK_N):
             m_i, l_i, acc_e, acc_o, acc_c = _tile(
                 n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
                 k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
-                BLOCK_N, D, USE_ASM, DOT_F32)
+                BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+        if DEFER_SUMS:
+            l_i = tl.sum(l_i, 0)
+            acc_c = tl.sum(acc_c, 0)
         pdl_release(PDL)
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
@@ -149,11 +164,13 @@ def _int4_attn_v5_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr,
 
 
 def int4_attention_v5(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
-                      max_seq_len: int, max_q_len: int):
+                      max_seq_len: int, max_q_len: int, defer: bool = False):
     """v5 with the plugin's PART, BLOCK_N, row tiles and launch settings (sm_scale 1/sqrt(128),
-    full causal); bf16 [total_q, Hq, 128]."""
+    full causal); bf16 [total_q, Hq, 128]. defer: per-key sums of p and p·offset, reduced over
+    keys once per program (the plugin's DEFER_SUMS; new bits)."""
     rows = IA.rows_per_program(max_q_len, q.shape[1] // k_codes.shape[1])
     return launch_paged(_int4_attn_v5_kernel, q, (k_codes, v_codes, k_meta, v_meta), block_tables,
                         seq_lens, cu_q_lens, 128 ** -0.5, max_seq_len, max_q_len, 0, IA.PART,
                         False, IA.BLOCK_N, IA.TUNE_DECODE if rows == IA.ROWS_DECODE else IA.TUNE,
-                        block_m=rows, head_major=True, USE_ASM=True, MASK_FREE=True)
+                        block_m=rows, head_major=True, USE_ASM=True, MASK_FREE=True,
+                        DEFER_SUMS=defer)

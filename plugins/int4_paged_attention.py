@@ -100,52 +100,52 @@ def _page_base(n0, bt_p, PAGE, KS, BLOCK: tl.constexpr):
 
 
 @jit
-def _scores(n0, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n, offs, kc_p, km_p, bt_p, KS,
-            PAGE, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+def _scores(n0, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p, KS, PAGE,
+            BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
             USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
-    """Scores of the BLOCK_N-key tile at n0, transposed: fp32 [BLOCK_N keys, BLOCK_M rows] =
-    s_j·(c_j·q) + o_j·Σq in log2 units (no mask). Keys outside [k_lo, k_hi) get scale and
-    offset 0; their codes are read unmasked (a tile's rows lie in mapped pages, or page 0)."""
-    kpos = n0 + i_n
-    kval = (kpos >= k_lo) & (kpos < k_hi)
+    """c_j·q - 1024·Σq of the BLOCK_N-key tile at n0, transposed: fp32 [BLOCK_N keys, BLOCK_M
+    rows] (the codes' dot products; `_update` applies each key's scale and offset). Codes are
+    read unmasked: a tile's rows lie in mapped pages (or page 0)."""
     if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
-        base = _page_base(n0, bt_p, PAGE, KS, BLOCK)
-        kc = tl.load(kc_p + base * (D // 2) + offs)
-        ks, ko = _meta(km_p + base, i_n * KS, kval)
+        kc = tl.load(kc_p + _page_base(n0, bt_p, PAGE, KS, BLOCK) * (D // 2) + offs)
     else:
-        phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
+        kpos = n0 + i_n
+        phys = tl.load(bt_p + kpos // BLOCK, mask=(kpos >= k_lo) & (kpos < k_hi), other=0)
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-        ks, ko = _meta(km_p, kh, kval)
     klo, khi = _codes_f16(kc, False, True, USE_ASM)
     if DOT_F32:
         klo = klo.to(tl.float32)
         khi = khi.to(tl.float32)
-    sc = tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
-    return sc * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
+    return tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
 
 
 @jit
-def _update(n0, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs, vc_p,
-            vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr, BLOCK: tl.constexpr,
+def _update(n0, raw, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n,
+            offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr, BLOCK: tl.constexpr,
             BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
             DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
-    """Fold the scores sc [BLOCK_N, BLOCK_M] of the tile at n0 (from `_scores`) and its values
-    into the online softmax; returns the updated (m, l, acc_e, acc_o, acc_c), acc_e/acc_o
-    [D/2, BLOCK_M]. MASKED=False: every key of the tile is visible to every row."""
+    """Fold the tile at n0 into the online softmax: its codes' dot products raw [BLOCK_N,
+    BLOCK_M] (from `_scores`) become the scores s_j·raw + o_j·Σq (log2 units), then its values
+    are added. Returns the updated (m, l, acc_e, acc_o, acc_c), acc_e/acc_o [D/2, BLOCK_M].
+    MASKED=False: every key of the tile is visible to every row. DEFER_SUMS: l and acc_c are
+    [BLOCK_N, BLOCK_M] (per-key sums; the caller reduces them over keys at the end)."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
     if BLOCK >= BLOCK_N:
         base = _page_base(n0, bt_p, PAGE, KS, BLOCK)
         vc = tl.load(vc_p + base * (D // 2) + offs)
+        ks, ko = _meta(km_p + base, i_n * KS, kval)
         vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
         phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
+        ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
+    sc = raw * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
     if MASKED:
         vis = (kpos[:, None] >= lo_r[None, :]) & (kpos[:, None] <= hi_r[None, :])
         sc = tl.where(vis, sc, float("-inf"))
@@ -244,30 +244,28 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
             # software pipelined: each step computes the next tile's scores before it folds the
             # current tile into the softmax (independent work for the column reductions' shuffle
             # latency); the operations per row and their order are those of one tile at a time
-            sc = _scores(n_start, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n, offs, kc_p,
-                         km_p, bt_p, KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
+            sc = _scores(n_start, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p, KS, PAGE,
+                         BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
             for n0 in range(n_start, n_a, BLOCK_N):   # no mask; the next tile exists
-                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n,
-                                  offs, kc_p, km_p, bt_p, KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM,
-                                  DOT_F32)
+                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p,
+                                  KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
                 m_i, l_i, acc_e, acc_o, acc_c = _update(
-                    n0, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs,
-                    vc_p, vm_p, bt_p, KS, PAGE, False, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32,
-                    DEFER_SUMS)
+                    n0, sc, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi,
+                    i_n, offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK, BLOCK_N, D, USE_ASM,
+                    DOT_F32, DEFER_SUMS)
                 sc = sc_next
             for n0 in range(n_a, n_last, BLOCK_N):    # masked; the next tile exists
-                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, qsum, qk_scale, k_lo, k_hi, i_n,
-                                  offs, kc_p, km_p, bt_p, KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM,
-                                  DOT_F32)
+                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p,
+                                  KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
                 m_i, l_i, acc_e, acc_o, acc_c = _update(
-                    n0, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs,
-                    vc_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32,
-                    DEFER_SUMS)
+                    n0, sc, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi,
+                    i_n, offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM,
+                    DOT_F32, DEFER_SUMS)
                 sc = sc_next
             m_i, l_i, acc_e, acc_o, acc_c = _update(
-                n_last, sc, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n, offs,
-                vc_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32,
-                    DEFER_SUMS)
+                n_last, sc, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo,
+                k_hi, i_n, offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM,
+                DOT_F32, DEFER_SUMS)
         if DEFER_SUMS:
             l_i = tl.sum(l_i, 0)
             acc_c = tl.sum(acc_c, 0)
