@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""INT4 paged attention: the plugin's software-pipelined loop (v6) against the frozen v5
-(bench/int4_attn_v5.py, one tile at a time) and FP8 full-causal attention, at 32k. One call:
+"""INT4 paged attention: the plugin's settings against the frozen v5 (bench/int4_attn_v5.py) and
+FP8 full-causal attention, at 32k. One call:
 
     python3 bench/int4_attn_ab.py [--budget SECONDS]
 
 Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at B = 16):
-v5, v5 and v6 with DEFER_SUMS (per-key sums reduced once per program: new bits), v6 at the
-defaults, at num_stages 6 (a launch option: the same bits) and with 256-position splits. Each output is compared with v5's:
+the frozen v5, then the plugin at its defaults (DEFER_SUMS: per-key sums reduced once per
+program, new bits; TAIL_HALF: a last row tile of <= 8 rows runs as an 8-row tile, the same bits),
+without TAIL_HALF, and without both (v5's bits). Each output is compared with v5's:
 ``bits equal`` or the relative difference. Then gpu_check's INT4 attention cases under the
 defaults. Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log.
 """
@@ -34,10 +35,10 @@ IA = TT.IA
 GC = TT.GC
 OUT = pathlib.Path(os.environ.get("OUT", "/tmp"))
 LOG: list[str] = []
-CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8)]   # (B, tokens per stream)
+CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8), (1, 4), (64, 4)]  # (B, q)
 # name -> (module settings, launch-option overrides for both row tiles)
-VARIANTS = {"v6": ({}, {}), "v6 defer": ({"DEFER_SUMS": True}, {}),
-            "v6 stages 6": ({}, {"num_stages": 6}), "v6 part 256": ({"PART": 256}, {})}
+VARIANTS = {"defaults": ({}, {}), "no tail half": ({"TAIL_HALF": False}, {}),
+            "no defer": ({"DEFER_SUMS": False, "TAIL_HALF": False}, {})}
 
 
 def say(msg: str) -> None:
@@ -79,13 +80,8 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
     us = PT.time_calls([lambda b=b: int4_attention_v5(*args(b), ctx, q_len) for b in bts])
     tag = f"B={B:2d} q={q_len}"
     extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""
+    base = None
     say(f"{tag} {'v5 (frozen)':12s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s{extra}")
-    out = int4_attention_v5(*args(bts[0]), ctx, q_len, defer=True)
-    us = PT.time_calls([lambda b=b: int4_attention_v5(*args(b), ctx, q_len, defer=True)
-                        for b in bts])
-    extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""
-    say(f"{tag} {'v5 defer':12s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s  "
-        f"{diff_text(out, ref)}{extra}")
     for name, (mod, tune) in VARIANTS.items():
         if time.time() > deadline:
             say(f"{tag} {name}: skipped (budget)")
@@ -93,7 +89,11 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
         restore = set_variant(mod, tune)
         try:
             out = int4_paged_attention(*args(bts[0]), ctx, q_len)
-            diff = diff_text(out, ref)
+            diff = diff_text(out, ref) + " vs v5"
+            if name == "defaults":
+                base = out
+            else:
+                diff += ", " + diff_text(out, base) + " vs defaults"
             us = PT.time_calls([lambda b=b: int4_paged_attention(*args(b), ctx, q_len)
                                 for b in bts])
             extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""

@@ -41,8 +41,10 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the column max/sum stay in the warp (no barriers), more programs per SM.
-DEFER_SUMS = False  # sums of p and p·offset per key, reduced over keys once per program (new
-# bits) instead of per tile
+DEFER_SUMS = True  # per-key sums of p and p·offset, reduced over keys once per program instead
+# of per tile (H200 32k: B=16 109.5 -> 105.2 µs, B=64 411.4 -> 373.8; B=1 20.7 -> 22.0;
+# bench/results/h200-2026-12-01a/nc/)
+TAIL_HALF = True  # a last row tile of <= ROWS_MAX / 2 rows runs as a half-size tile (same bits)
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -94,47 +96,22 @@ def _meta(m_ptr, off, mask):
 
 
 @jit
-def _page_base(n0, bt_p, PAGE, KS, BLOCK: tl.constexpr):
-    """Row of the first key of the tile at n0 (int64; BLOCK >= BLOCK_N: one page per tile)."""
-    return tl.load(bt_p + n0 // BLOCK).to(tl.int64) * PAGE + (n0 % BLOCK) * KS
-
-
-@jit
-def _scores(n0, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p, KS, PAGE,
-            BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-            USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
-    """c_j·q - 1024·Σq of the BLOCK_N-key tile at n0, transposed: fp32 [BLOCK_N keys, BLOCK_M
-    rows] (the codes' dot products; `_update` applies each key's scale and offset). Codes are
-    read unmasked: a tile's rows lie in mapped pages (or page 0)."""
-    if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
-        kc = tl.load(kc_p + _page_base(n0, bt_p, PAGE, KS, BLOCK) * (D // 2) + offs)
-    else:
-        kpos = n0 + i_n
-        phys = tl.load(bt_p + kpos // BLOCK, mask=(kpos >= k_lo) & (kpos < k_hi), other=0)
-        kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
-        b = tl.arange(0, D // 2)
-        kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-    klo, khi = _codes_f16(kc, False, True, USE_ASM)
-    if DOT_F32:
-        klo = klo.to(tl.float32)
-        khi = khi.to(tl.float32)
-    return tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
-
-
-@jit
-def _update(n0, raw, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi, i_n,
-            offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr, BLOCK: tl.constexpr,
-            BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-            DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
-    """Fold the tile at n0 into the online softmax: its codes' dot products raw [BLOCK_N,
-    BLOCK_M] (from `_scores`) become the scores s_j·raw + o_j·Σq (log2 units), then its values
-    are added. Returns the updated (m, l, acc_e, acc_o, acc_c), acc_e/acc_o [D/2, BLOCK_M].
-    MASKED=False: every key of the tile is visible to every row. DEFER_SUMS: l and acc_c are
-    [BLOCK_N, BLOCK_M] (per-key sums; the caller reduces them over keys at the end)."""
+def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
+          k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
+          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
+          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
+    """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
+    rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
+    MASKED=False: every key of the tile is visible to every row (no mask math). DEFER_SUMS: l
+    and acc_c are [BLOCK_N, BLOCK_M], per-key sums that the caller reduces over keys once."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
-    if BLOCK >= BLOCK_N:
-        base = _page_base(n0, bt_p, PAGE, KS, BLOCK)
+    # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
+    # invisible keys meet p = 0 and zeroed (masked) scale and offset.
+    if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
+        phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
+        base = phys * PAGE + (n0 % BLOCK) * KS
+        kc = tl.load(kc_p + base * (D // 2) + offs)
         vc = tl.load(vc_p + base * (D // 2) + offs)
         ks, ko = _meta(km_p + base, i_n * KS, kval)
         vs, vo = _meta(vm_p + base, i_n * KS, kval)
@@ -142,17 +119,24 @@ def _update(n0, raw, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, 
         phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
+        kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
         vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
         ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
-    sc = raw * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
+    klo, khi = _codes_f16(kc, False, True, USE_ASM)
+    if DOT_F32:
+        klo = klo.to(tl.float32)
+        khi = khi.to(tl.float32)
+    sc = tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
+    sc = sc * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
     if MASKED:
         vis = (kpos[:, None] >= lo_r[None, :]) & (kpos[:, None] <= hi_r[None, :])
         sc = tl.where(vis, sc, float("-inf"))
-    if DEFER_SUMS:  # l_i, acc_c [BLOCK_N, BLOCK_M]: per-key sums, reduced once at the end
+    if DEFER_SUMS:  # no column sums over keys here: their shuffles leave the tile's chain
         m_new = tl.maximum(m_i, tl.max(sc, 0))
-        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-        pr = tl.exp2(sc - tl.where(m_new == float("-inf"), 0.0, m_new)[None, :])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        pr = tl.exp2(sc - m_safe[None, :])
         l_i = l_i * alpha[None, :] + pr
         acc_c = acc_c * alpha[None, :] + pr * vo[:, None]
     else:
@@ -170,12 +154,94 @@ def _update(n0, raw, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, 
 
 
 @jit
+def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV,
+          G, S, bt_stride, window, s, h, j, r0, q_start, q_len, seq_len, BLOCK: tl.constexpr,
+          PART: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+          USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr,
+          DEFER_SUMS: tl.constexpr, PDL: tl.constexpr):
+    """Query rows r0 .. r0 + ROWS - 1 (token x group head) of stream s, KV head h, over split j:
+    the online softmax over the split's keys, then its partial m, l and acc (attn_combine)."""
+    r = r0 + tl.arange(0, ROWS)
+    tq = r // G
+    rvalid = tq < q_len
+    pos = seq_len - q_len + tq
+    row = ((q_start + tq) * HQ + h * G + r % G).to(tl.int64)
+    lo_u = tl.where(window > 0, tl.maximum(seq_len - q_len - window + 1, 0), 0)
+    p = lo_u // PART + j
+    k_lo = tl.maximum(p * PART, lo_u)
+    k_hi = tl.minimum((p + 1) * PART, seq_len)
+    hi_r = tl.where(rvalid, tl.minimum(pos, k_hi - 1), -1)
+    lo_r = tl.maximum(tl.where(window > 0, pos - window + 1, 0), k_lo)
+    b = tl.arange(0, D // 2)
+    qw = tl.load(q_ptr.to(tl.pointer_type(tl.uint32)) + row[None, :] * (D // 2) + b[:, None],
+                 mask=rvalid[None, :], other=0)  # [D/2, ROWS] bf16 pairs
+    q_e = (qw << 16).to(tl.float32, bitcast=True).to(tl.float16)
+    q_o = ((qw & 0xFFFF0000).to(tl.float32, bitcast=True) * 0.0625).to(tl.float16)
+    se = tl.sum(q_e.to(tl.float32), 0)
+    so = tl.sum(q_o.to(tl.float32), 0)
+    qsum = (se + 16.0 * so) * qk_scale
+    bias = tl.zeros([BLOCK_N, ROWS], tl.float32) - (1024.0 * (se + so))[None, :]
+    if DOT_F32:
+        q_e = q_e.to(tl.float32)
+        q_o = q_o.to(tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    if DEFER_SUMS:
+        l_i = tl.zeros([BLOCK_N, ROWS], tl.float32)
+        acc_c = tl.zeros([BLOCK_N, ROWS], tl.float32)
+    else:
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc_c = tl.zeros([ROWS], tl.float32)
+    acc_e = tl.zeros([D // 2, ROWS], tl.float32)
+    acc_o = tl.zeros([D // 2, ROWS], tl.float32)
+    i_n = tl.arange(0, BLOCK_N)
+    # head-major pages: a key's row is page · BLOCK·Hkv + head · BLOCK + slot (the stride of
+    # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes apart;
+    # H200 32k B = 16 / 64 117.3 / 450.6 -> 109.8 / 411.1 µs, bench/results/h200-2026-11-30m/my/)
+    KS = 1
+    PAGE = BLOCK * HKV
+    offs = (i_n * KS)[:, None] * (D // 2) + b[None, :]
+    kc_p = kc_ptr + h * BLOCK * (D // 2)
+    vc_p = vc_ptr + h * BLOCK * (D // 2)
+    km_p = km_ptr.to(tl.pointer_type(tl.uint32)) + h * BLOCK
+    vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h * BLOCK
+    bt_p = bt_ptr + s * bt_stride
+    n_start = (k_lo // BLOCK_N) * BLOCK_N
+    hi_min = tl.min(tl.where(rvalid, hi_r, k_hi), 0)
+    n_mid = n_start
+    if MASK_FREE:
+        n_mid = tl.where(window == 0, tl.maximum(n_start, ((hi_min + 1) // BLOCK_N) * BLOCK_N),
+                         n_start)
+    for n0 in range(n_start, n_mid, BLOCK_N):
+        m_i, l_i, acc_e, acc_o, acc_c = _tile(
+            n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+            k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+    for n0 in range(n_mid, k_hi, BLOCK_N):
+        m_i, l_i, acc_e, acc_o, acc_c = _tile(
+            n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
+            k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+    if DEFER_SUMS:
+        l_i = tl.sum(l_i, 0)
+        acc_c = tl.sum(acc_c, 0)
+    pdl_release(PDL)
+    tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
+    tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
+    ap = acc_ptr + (row * S + j)[None, :] * D + 2 * b[:, None]
+    tl.store(ap, acc_e + acc_c[None, :], mask=rvalid[None, :])
+    tl.store(ap + 1, acc_o + acc_c[None, :], mask=rvalid[None, :])
+
+
+@jit
 def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cuq_ptr,
                       m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
-                      PDL: tl.constexpr = 0):
+                      TAIL_HALF: tl.constexpr, PDL: tl.constexpr = 0):
+    """Grid (streams x Hkv x row tiles of BLOCK_M, splits). TAIL_HALF: a row tile with at most
+    BLOCK_M / 2 rows (e.g. the 4 rows past 16 of 4 tokens x GQA 5) runs as a half-size tile;
+    a row's bits do not depend on the tile size."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -185,96 +251,16 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
     q_start = tl.load(cuq_ptr + s)
     q_len = tl.load(cuq_ptr + s + 1) - q_start
     seq_len = tl.load(seq_ptr + s)
-    if rt * BLOCK_M < q_len * G:
-        r = rt * BLOCK_M + tl.arange(0, BLOCK_M)
-        tq = r // G
-        rvalid = tq < q_len
-        pos = seq_len - q_len + tq
-        row = ((q_start + tq) * HQ + h * G + r % G).to(tl.int64)
-        lo_u = tl.where(window > 0, tl.maximum(seq_len - q_len - window + 1, 0), 0)
-        p = lo_u // PART + j
-        k_lo = tl.maximum(p * PART, lo_u)
-        k_hi = tl.minimum((p + 1) * PART, seq_len)
-        hi_r = tl.where(rvalid, tl.minimum(pos, k_hi - 1), -1)
-        lo_r = tl.maximum(tl.where(window > 0, pos - window + 1, 0), k_lo)
-        b = tl.arange(0, D // 2)
-        qw = tl.load(q_ptr.to(tl.pointer_type(tl.uint32)) + row[None, :] * (D // 2) + b[:, None],
-                     mask=rvalid[None, :], other=0)  # [D/2, BLOCK_M] bf16 pairs
-        q_e = (qw << 16).to(tl.float32, bitcast=True).to(tl.float16)
-        q_o = ((qw & 0xFFFF0000).to(tl.float32, bitcast=True) * 0.0625).to(tl.float16)
-        se = tl.sum(q_e.to(tl.float32), 0)
-        so = tl.sum(q_o.to(tl.float32), 0)
-        qsum = (se + 16.0 * so) * qk_scale
-        bias = tl.zeros([BLOCK_N, BLOCK_M], tl.float32) - (1024.0 * (se + so))[None, :]
-        if DOT_F32:
-            q_e = q_e.to(tl.float32)
-            q_o = q_o.to(tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        if DEFER_SUMS:
-            l_i = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-            acc_c = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        else:
-            l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc_c = tl.zeros([BLOCK_M], tl.float32)
-        acc_e = tl.zeros([D // 2, BLOCK_M], tl.float32)
-        acc_o = tl.zeros([D // 2, BLOCK_M], tl.float32)
-        i_n = tl.arange(0, BLOCK_N)
-        # head-major pages: a key's row is page · BLOCK·Hkv + head · BLOCK + slot (the stride of
-        # consecutive keys KS = 1; token-major pages had KS = Hkv: 64-byte reads 256 bytes
-        # apart; H200 32k B = 16 / 64 117.3 / 450.6 -> 109.8 / 411.1 µs,
-        # bench/results/h200-2026-11-30m/my/)
-        KS = 1
-        HS = BLOCK
-        PAGE = BLOCK * HKV
-        offs = (i_n * KS)[:, None] * (D // 2) + b[None, :]
-        kc_p = kc_ptr + h * HS * (D // 2)
-        vc_p = vc_ptr + h * HS * (D // 2)
-        km_p = km_ptr.to(tl.pointer_type(tl.uint32)) + h * HS
-        vm_p = vm_ptr.to(tl.pointer_type(tl.uint32)) + h * HS
-        bt_p = bt_ptr + s * bt_stride
-        n_start = (k_lo // BLOCK_N) * BLOCK_N
-        n_last = ((k_hi - 1) // BLOCK_N) * BLOCK_N   # the last tile (below n_start: none)
-        hi_min = tl.min(tl.where(rvalid, hi_r, k_hi), 0)
-        n_mid = n_start
-        if MASK_FREE:
-            n_mid = tl.where(window == 0, tl.maximum(n_start, ((hi_min + 1) // BLOCK_N) * BLOCK_N),
-                             n_start)
-        n_a = tl.minimum(n_mid, n_last)
-        if n_start <= n_last:
-            # software pipelined: each step computes the next tile's scores before it folds the
-            # current tile into the softmax (independent work for the column reductions' shuffle
-            # latency); the operations per row and their order are those of one tile at a time
-            sc = _scores(n_start, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p, KS, PAGE,
-                         BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
-            for n0 in range(n_start, n_a, BLOCK_N):   # no mask; the next tile exists
-                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p,
-                                  KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
-                m_i, l_i, acc_e, acc_o, acc_c = _update(
-                    n0, sc, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi,
-                    i_n, offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK, BLOCK_N, D, USE_ASM,
-                    DOT_F32, DEFER_SUMS)
-                sc = sc_next
-            for n0 in range(n_a, n_last, BLOCK_N):    # masked; the next tile exists
-                sc_next = _scores(n0 + BLOCK_N, q_e, q_o, bias, k_lo, k_hi, i_n, offs, kc_p, bt_p,
-                                  KS, PAGE, BLOCK, BLOCK_N, D, USE_ASM, DOT_F32)
-                m_i, l_i, acc_e, acc_o, acc_c = _update(
-                    n0, sc, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo, k_hi,
-                    i_n, offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM,
-                    DOT_F32, DEFER_SUMS)
-                sc = sc_next
-            m_i, l_i, acc_e, acc_o, acc_c = _update(
-                n_last, sc, qsum, qk_scale, m_i, l_i, acc_e, acc_o, acc_c, lo_r, hi_r, k_lo,
-                k_hi, i_n, offs, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK, BLOCK_N, D, USE_ASM,
-                DOT_F32, DEFER_SUMS)
-        if DEFER_SUMS:
-            l_i = tl.sum(l_i, 0)
-            acc_c = tl.sum(acc_c, 0)
-        pdl_release(PDL)
-        tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
-        tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
-        ap = acc_ptr + (row * S + j)[None, :] * D + 2 * b[:, None]
-        tl.store(ap, acc_e + acc_c[None, :], mask=rvalid[None, :])
-        tl.store(ap + 1, acc_o + acc_c[None, :], mask=rvalid[None, :])
+    n_rows = q_len * G - rt * BLOCK_M
+    if TAIL_HALF and n_rows > 0 and n_rows <= BLOCK_M // 2:
+        _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
+              HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
+              BLOCK, PART, BLOCK_M // 2, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS,
+              PDL)
+    elif n_rows > 0:
+        _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
+              HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
+              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, PDL)
 
 
 def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens,
@@ -323,7 +309,8 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
                         block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
-                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS)
+                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS,
+                        TAIL_HALF=TAIL_HALF and rows > ROWS_DECODE)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
