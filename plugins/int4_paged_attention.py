@@ -41,9 +41,10 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the column max/sum stay in the warp (no barriers), more programs per SM.
-DEFER_SUMS = True  # per-key sums of p and p·offset, reduced over keys once per program instead
-# of per tile (H200 32k: B=16 109.5 -> 105.2 µs, B=64 411.4 -> 373.8; B=1 20.7 -> 22.0;
-# bench/results/h200-2026-12-01a/nc/)
+DEFER_SUMS = 2  # the column sums of p and p·offset: 0 per tile (shuffles in every tile's chain);
+# 1 per key [BLOCK_N, rows], 2 per key group [8, rows] (a thread's keys summed in registers), each
+# reduced over keys once per program (new bits; H200 32k, mode 1: B=16 109.5 -> 105.2 µs, B=64
+# 411.4 -> 373.8, B=1 20.7 -> 22.0, verification +1-4 %: bench/results/h200-2026-12-01a/nc, nd)
 TAIL_HALF = True  # a last row tile of <= ROWS_MAX / 2 rows runs as a half-size tile (same bits)
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
@@ -102,8 +103,9 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
           DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
     rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
-    MASKED=False: every key of the tile is visible to every row (no mask math). DEFER_SUMS: l
-    and acc_c are [BLOCK_N, BLOCK_M], per-key sums that the caller reduces over keys once."""
+    MASKED=False: every key of the tile is visible to every row (no mask math). DEFER_SUMS 1 / 2:
+    l and acc_c are [BLOCK_N / 8, BLOCK_M] sums per key / per group of keys k + 8·i (the rows
+    of one thread in the MMA's output layout), which the caller reduces over keys once."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
     # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
@@ -137,8 +139,14 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         pr = tl.exp2(sc - m_safe[None, :])
-        l_i = l_i * alpha[None, :] + pr
-        acc_c = acc_c * alpha[None, :] + pr * vo[:, None]
+        pc = pr * vo[:, None]
+        if DEFER_SUMS == 2:  # keys k and k + 8·i (one thread's rows of the MMA tile) summed
+            pr_g = tl.sum(tl.reshape(pr, (BLOCK_N // 8, 8, pr.shape[1])), 0)
+            pc = tl.sum(tl.reshape(pc, (BLOCK_N // 8, 8, pc.shape[1])), 0)
+        else:
+            pr_g = pr
+        l_i = l_i * alpha[None, :] + pr_g
+        acc_c = acc_c * alpha[None, :] + pc
     else:
         m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
         acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
@@ -186,8 +194,8 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
         q_o = q_o.to(tl.float32)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     if DEFER_SUMS:
-        l_i = tl.zeros([BLOCK_N, ROWS], tl.float32)
-        acc_c = tl.zeros([BLOCK_N, ROWS], tl.float32)
+        l_i = tl.zeros([BLOCK_N if DEFER_SUMS == 1 else 8, ROWS], tl.float32)
+        acc_c = tl.zeros([BLOCK_N if DEFER_SUMS == 1 else 8, ROWS], tl.float32)
     else:
         l_i = tl.zeros([ROWS], tl.float32)
         acc_c = tl.zeros([ROWS], tl.float32)
