@@ -140,9 +140,12 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
-#   PART=nb bash bench/gpu_session.sh   (~6 min, no engine) bench/int4_attn_ab.py: the software-
-#       pipelined INT4 attention against the frozen v5 and FP8, its variants, gpu_check int4;
-#       then Nsight Compute on it at B=16, 32k
+#   PART=nf bash bench/gpu_session.sh   (~7 min, engine carry-b) final checks: gpu_check of every
+#       kernel, the trained default's gpu_runtime and gpu_drafter graphs; with PDL off the kernel
+#       table (bench/plugins.py --only attn,gemv,moe,fold) and bench/int4_attn_ab.py
+#   PART=nb bash bench/gpu_session.sh   (~2 min, no engine) bench/int4_attn_ab.py: INT4 attention's
+#       settings against DEFER_SUMS 0 (v5's bits) and FP8, gpu_check int4; then Nsight Compute
+#       on it at B=16, 32k
 #   PART=lf bash bench/gpu_session.sh   PDL mode 2 (each kernel lets the next launch after its
 #       main loop): fullsize decode with KOLIBRI_PDL=0, 2, 0 (whole steps, the order guards
 #       against drift), then gpu_check of the kernels and the trained default's gpu_runtime
@@ -239,6 +242,16 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nf)
+    unpack carry-b
+    step check 175 python3 bench/gpu_check.py \
+      --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+    minichecks 180 35 graphs
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step plugins 100 python3 bench/plugins.py --only attn,gemv,moe,fold --csv "$OUT/plugins.csv"
+    step int4ab 110 python3 bench/int4_attn_ab.py --budget 70
+    pack nf
+    ;;
   nb)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4ab 330 python3 bench/int4_attn_ab.py --budget 240

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""INT4 paged attention: the plugin's settings against the frozen v5 (bench/int4_attn_v5.py) and
-FP8 full-causal attention, at 32k. One call:
+"""INT4 paged attention: the plugin's settings against DEFER_SUMS 0 (v5's bits) and FP8
+full-causal attention, at 32k. One call:
 
     python3 bench/int4_attn_ab.py [--budget SECONDS]
 
-Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at B = 16):
-the frozen v5, then the plugin at its defaults (DEFER_SUMS 2: per-key-group sums reduced once
-per program, new bits; TAIL_HALF: a last row tile of <= 8 rows runs as an 8-row tile, the same
-bits), without TAIL_HALF, with DEFER_SUMS 1, with neither (v5's bits), and with 16-row decode
-programs (the same bits as 8-row ones). Each output is compared with v5's:
-``bits equal`` or the relative difference. Then gpu_check's INT4 attention cases under the
-defaults. Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log.
+Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at
+B = 16, of 4 at B = 1 and 64): the plugin with DEFER_SUMS 0 (the column sums per tile: v5's
+bits, checked against a frozen v5 on the H200 in bench/results/h200-2026-12-01a/ne/, last at
+b1a107c), at its defaults, with DEFER_SUMS 1, and with 16-row decode programs (the same bits as
+8-row ones). Each output is compared with the DEFER_SUMS 0 one (``bits equal`` or the relative
+difference) and with the defaults'. Then gpu_check's INT4 attention cases under the defaults.
+Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import int4_attn_t_tune as TT  # noqa: E402  (inputs, FP8 timing; maps kolibri_trt_plugins)
 import plugin_timing as PT  # noqa: E402
-from int4_attn_v5 import int4_attention_v5  # noqa: E402
-
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention  # noqa: E402
 
 IA = TT.IA
@@ -38,10 +36,9 @@ OUT = pathlib.Path(os.environ.get("OUT", "/tmp"))
 LOG: list[str] = []
 CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8), (1, 4), (64, 4)]  # (B, q)
 # name -> (module settings, launch-option overrides for both row tiles)
-VARIANTS = {"defaults": ({}, {}), "no tail half": ({"TAIL_HALF": False}, {}),
-            "defer 1": ({"DEFER_SUMS": 1, "TAIL_HALF": False}, {}),
-            "no defer": ({"DEFER_SUMS": 0, "TAIL_HALF": False}, {}),
+VARIANTS = {"defaults": ({}, {}), "defer 1": ({"DEFER_SUMS": 1}, {}),
             "16-row decode": ({"ROWS_DECODE": 16}, {})}
+REFERENCE = {"DEFER_SUMS": 0}   # v5's bits
 
 
 def say(msg: str) -> None:
@@ -79,19 +76,23 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
     bts, nbytes = t[5], t[8]
     args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
     ctx = TT.CTX
-    ref = int4_attention_v5(*args(bts[0]), ctx, q_len)
-    us = PT.time_calls([lambda b=b: int4_attention_v5(*args(b), ctx, q_len) for b in bts])
+    restore = set_variant(REFERENCE, {})
+    try:
+        ref = int4_paged_attention(*args(bts[0]), ctx, q_len)
+        us = PT.time_calls([lambda b=b: int4_paged_attention(*args(b), ctx, q_len) for b in bts])
+    finally:
+        restore()
     tag = f"B={B:2d} q={q_len}"
     extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""
     base = None
-    say(f"{tag} {'v5 (frozen)':12s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s{extra}")
+    say(f"{tag} {'defer 0':14s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s{extra}")
     for name, (mod, tune) in VARIANTS.items():
         if time.time() > deadline or (name == "16-row decode" and q_len > 1):
             continue
         restore = set_variant(mod, tune)
         try:
             out = int4_paged_attention(*args(bts[0]), ctx, q_len)
-            diff = diff_text(out, ref) + " vs v5"
+            diff = diff_text(out, ref) + " vs defer 0"
             if name == "defaults":
                 base = out
             else:
@@ -99,7 +100,7 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
             us = PT.time_calls([lambda b=b: int4_paged_attention(*args(b), ctx, q_len)
                                 for b in bts])
             extra = f"  fp8/int4 {fp8[B] / us:4.2f}x" if q_len == 1 and B in fp8 else ""
-            say(f"{tag} {name:12s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s  {diff}{extra}")
+            say(f"{tag} {name:14s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s  {diff}{extra}")
         except Exception as exc:
             say(f"{tag} {name} FAILED: {str(exc)[:400]}")
         finally:

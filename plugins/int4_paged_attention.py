@@ -42,10 +42,11 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the column max/sum stay in the warp (no barriers), more programs per SM.
 DEFER_SUMS = 2  # the column sums of p and p·offset: 0 per tile (shuffles in every tile's chain);
-# 1 per key [BLOCK_N, rows], 2 per key group [8, rows] (a thread's keys summed in registers), each
-# reduced over keys once per program (new bits; H200 32k, mode 1: B=16 109.5 -> 105.2 µs, B=64
-# 411.4 -> 373.8, B=1 20.7 -> 22.0, verification +1-4 %: bench/results/h200-2026-12-01a/nc, nd)
-TAIL_HALF = True  # a last row tile of <= ROWS_MAX / 2 rows runs as a half-size tile (same bits)
+# 1 per key [BLOCK_N, rows]; 2 per key group [8, rows] (a thread's keys of the MMA's output summed
+# in registers). 1 and 2 reduce over keys once per program (new bits; a row's bits still do not
+# depend on 8- or 16-row programs). H200 32k, 0 -> 2: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 /
+# 110.0 / 416.8 -> 20.0 / 32.0 / 105.2 / 390.8 µs, verification of 4 tokens at B=16 266.1 ->
+# 260.0 (bench/results/h200-2026-12-01a/ne/). Mode 1 spilled in 16-row programs.
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -246,10 +247,8 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
-                      TAIL_HALF: tl.constexpr, PDL: tl.constexpr = 0):
-    """Grid (streams x Hkv x row tiles of BLOCK_M, splits). TAIL_HALF: a row tile with at most
-    BLOCK_M / 2 rows (e.g. the 4 rows past 16 of 4 tokens x GQA 5) runs as a half-size tile;
-    a row's bits do not depend on the tile size."""
+                      PDL: tl.constexpr = 0):
+    """Grid (streams x Hkv x row tiles of BLOCK_M, splits): one `_rows` call per program."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -259,13 +258,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
     q_start = tl.load(cuq_ptr + s)
     q_len = tl.load(cuq_ptr + s + 1) - q_start
     seq_len = tl.load(seq_ptr + s)
-    n_rows = q_len * G - rt * BLOCK_M
-    if TAIL_HALF and n_rows > 0 and n_rows <= BLOCK_M // 2:
-        _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
-              HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
-              BLOCK, PART, BLOCK_M // 2, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS,
-              PDL)
-    elif n_rows > 0:
+    if rt * BLOCK_M < q_len * G:
         _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
               HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
               BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, PDL)
@@ -317,8 +310,7 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
                         block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
-                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS,
-                        TAIL_HALF=TAIL_HALF and rows > ROWS_DECODE)
+                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,

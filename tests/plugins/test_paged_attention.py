@@ -140,6 +140,17 @@ def test_int4_mask_free_tiles_same_bits(interp):
         assert torch.equal(a, b), blk
 
 
+@pytest.mark.parametrize("defer", [0, 1, 2])
+def test_int4_column_sums_each_mode(interp, defer):
+    """DEFER_SUMS 0 (sums per tile), 1 (per key) and 2 (per key group, reduced once) all match
+    the reference, decode and verification, full causal and windowed."""
+    q, cache, bt, sl, cu = int4_case(16, 70 + defer)
+    for window in (0, 20):
+        ref = int4_paged_attention_ref(q, *cache, bt, sl, cu, 1 / math.sqrt(128), window)
+        out = _int4_interp(q, cache, bt, sl, cu, window, DEFER_SUMS=defer)
+        assert T.rel_err(out, ref) < INTERP_TOL, (defer, window)
+
+
 def test_int4_decode_rows_of_a_gqa_group(interp):
     """Decode at Kolibri's GQA 5 (10 query heads over 2 KV heads) takes 8-row programs, 1 + 3
     tokens 16-row ones (20 rows: two tiles): both match the reference."""
