@@ -255,7 +255,7 @@ case "${PART:-}" in
   nb)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4ab 330 python3 bench/int4_attn_ab.py --budget 240
-    ncuprof int4_b16 _int4_attn_kernel 1
+    [ -n "${NO_NCU:-}" ] || ncuprof int4_b16 _int4_attn_kernel 1
     pack nb
     ;;
   na)

@@ -47,6 +47,7 @@ DEFER_SUMS = 2  # the column sums of p and p·offset: 0 per tile (shuffles in ev
 # depend on 8- or 16-row programs). H200 32k, 0 -> 2: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 /
 # 110.0 / 416.8 -> 20.0 / 32.0 / 105.2 / 390.8 µs, verification of 4 tokens at B=16 266.1 ->
 # 260.0 (bench/results/h200-2026-12-01a/ne/). Mode 1 spilled in 16-row programs.
+V_T = False  # value pages dim-major, [num_blocks, Hkv, 64, BLOCK] (experiment: bench only)
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -101,7 +102,7 @@ def _meta(m_ptr, off, mask):
 def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
           k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
           BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
+          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr, V_T: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
     rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
     MASKED=False: every key of the tile is visible to every row (no mask math). DEFER_SUMS 1 / 2:
@@ -115,7 +116,13 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
         base = phys * PAGE + (n0 % BLOCK) * KS
         kc = tl.load(kc_p + base * (D // 2) + offs)
-        vc = tl.load(vc_p + base * (D // 2) + offs)
+        if V_T:  # [D/2 bytes, BLOCK_N keys] of a dim-major page
+            b = tl.arange(0, D // 2)
+            slot0 = tl.multiple_of(n0 % BLOCK, BLOCK_N)
+            vc = tl.load(vc_p + phys * PAGE * (D // 2) + b[:, None] * BLOCK
+                         + (slot0 + i_n)[None, :])
+        else:
+            vc = tl.load(vc_p + base * (D // 2) + offs)
         ks, ko = _meta(km_p + base, i_n * KS, kval)
         vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
@@ -123,7 +130,11 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-        vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
+        if V_T:
+            vc = tl.load(vc_p + (phys.to(tl.int64) * PAGE * (D // 2))[None, :]
+                         + b[:, None] * BLOCK + (kpos % BLOCK)[None, :])
+        else:
+            vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
         ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
     klo, khi = _codes_f16(kc, False, True, USE_ASM)
@@ -151,14 +162,17 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     else:
         m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
         acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
-    vlo, vhi = _codes_f16(vc, True, False, USE_ASM)
+    vlo, vhi = _codes_f16(vc, True, V_T, USE_ASM)
     pv = (pr * vs[:, None]).to(tl.float16)
     if DOT_F32:
         pv = pv.to(tl.float32)
         vlo = vlo.to(tl.float32)
         vhi = vhi.to(tl.float32)
-    acc_e = tl.dot(tl.trans(vlo), pv, acc=acc_e * alpha[None, :])
-    acc_o = tl.dot(tl.trans(vhi), pv, acc=acc_o * alpha[None, :])
+    if not V_T:
+        vlo = tl.trans(vlo)
+        vhi = tl.trans(vhi)
+    acc_e = tl.dot(vlo, pv, acc=acc_e * alpha[None, :])
+    acc_o = tl.dot(vhi, pv, acc=acc_o * alpha[None, :])
     return m_new, l_i, acc_e, acc_o, acc_c
 
 
@@ -167,7 +181,7 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
           G, S, bt_stride, window, s, h, j, r0, q_start, q_len, seq_len, BLOCK: tl.constexpr,
           PART: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
           USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr,
-          DEFER_SUMS: tl.constexpr, PDL: tl.constexpr):
+          DEFER_SUMS: tl.constexpr, V_T: tl.constexpr, PDL: tl.constexpr):
     """Query rows r0 .. r0 + ROWS - 1 (token x group head) of stream s, KV head h, over split j:
     the online softmax over the split's keys, then its partial m, l and acc (attn_combine)."""
     r = r0 + tl.arange(0, ROWS)
@@ -224,12 +238,12 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
         m_i, l_i, acc_e, acc_o, acc_c = _tile(
             n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
             k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
-            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS, V_T)
     for n0 in range(n_mid, k_hi, BLOCK_N):
         m_i, l_i, acc_e, acc_o, acc_c = _tile(
             n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
             k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
-            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS, V_T)
     if DEFER_SUMS:
         l_i = tl.sum(l_i, 0)
         acc_c = tl.sum(acc_c, 0)
@@ -247,7 +261,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
-                      PDL: tl.constexpr = 0):
+                      V_T: tl.constexpr, PDL: tl.constexpr = 0):
     """Grid (streams x Hkv x row tiles of BLOCK_M, splits): one `_rows` call per program."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
@@ -261,7 +275,8 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
     if rt * BLOCK_M < q_len * G:
         _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
               HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
-              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, PDL)
+              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, V_T,
+              PDL)
 
 
 def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens,
@@ -310,7 +325,8 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
                         block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
-                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS)
+                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS,
+                        V_T=V_T)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
