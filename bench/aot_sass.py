@@ -59,14 +59,14 @@ PRESETS["int4_attn"] = ("int4_paged_attention", "_int4_attn_kernel", dict(
     seq_ptr="*i32", cuq_ptr="*i32", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32",
     qk_scale="fp32", HQ="i32", HKV="i32", G="i32", S="i32", RT="i32", bt_stride="i32",
     window="i32", BLOCK=64, PART=512, BLOCK_M=8, BLOCK_N=32, D=128, USE_ASM=True,
-    DOT_F32=False, MASK_FREE=True, DEFER_SUMS=2, V_T=False),
+    DOT_F32=False, MASK_FREE=True, DEFER_SUMS=2),
     ("q_ptr", "kc_ptr", "vc_ptr", "km_ptr", "vm_ptr", "bt_ptr", "seq_ptr", "cuq_ptr", "m_ptr",
      "l_ptr", "acc_ptr", "bt_stride"))
 PRESETS["fp8_attn"] = ("fp8_paged_attention", "_fp8_attn_kernel", dict(
     PRESETS["int4_attn"][2], k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", ks_ptr="*fp32", vs_ptr="*fp32",
     BLOCK_M=16), ("q_ptr", "k_ptr", "v_ptr", "ks_ptr", "vs_ptr", "bt_ptr", "seq_ptr", "cuq_ptr",
                   "m_ptr", "l_ptr", "acc_ptr", "bt_stride"))
-for _k in ("kc_ptr", "vc_ptr", "km_ptr", "vm_ptr", "USE_ASM", "MASK_FREE", "DEFER_SUMS", "V_T"):
+for _k in ("kc_ptr", "vc_ptr", "km_ptr", "vm_ptr", "USE_ASM", "MASK_FREE", "DEFER_SUMS"):
     del PRESETS["fp8_attn"][2][_k]
 PRESETS["moe_down"] = ("moe_experts", "_moe_expert_kernel",
                        dict(PRESETS["moe_gate_up"][2], o_ptr="*fp32", GATED=False, BLOCK_N=64),

@@ -38,9 +38,15 @@ def fold_case(T_, blk, g, hq=20, hkv=4):
     slots = torch.randperm(nb * blk, generator=g)[:T_]
     if T_ > 2:
         slots[1] = -1
-    caches = [torch.zeros((nb, hkv, blk, 64), dtype=torch.uint8, device=B.DEV) for _ in range(2)]
+    caches = [torch.zeros(shape, dtype=torch.uint8, device=B.DEV)     # values dim-major
+              for shape in ((nb, hkv, blk, 64), (nb, hkv, 64, blk))]
     caches += [torch.zeros((nb, hkv, blk, 2), dtype=torch.float16, device=B.DEV) for _ in range(2)]
     return q, k, v, mq.to(B.DEV), mk.to(B.DEV), slots.to(B.DEV), caches
+
+
+def token_major(caches):
+    """(k_codes, v_codes, k_meta, v_meta) with the value codes viewed [nb, Hkv, BLOCK, 64]."""
+    return [c.transpose(2, 3) if i == 1 else c for i, c in enumerate(caches)]
 
 
 def check_fold(g):
@@ -54,8 +60,9 @@ def check_fold(g):
             e_q = T.rel_err(qo, qr)
             flips = sum(int((a != b).sum()) for a, b in zip(caches[:2], ref_c[:2]))
             frac = flips / max(1, caches[0].numel() * 2)
-            deq = [(dequantize_int4_ref(caches[i], caches[i + 2]) -
-                    dequantize_int4_ref(ref_c[i], ref_c[i + 2])).abs().max().item() for i in (0, 1)]
+            tm, tr = token_major(caches), token_major(ref_c)
+            deq = [(dequantize_int4_ref(tm[i], tm[i + 2]) -
+                    dequantize_int4_ref(tr[i], tr[i + 2])).abs().max().item() for i in (0, 1)]
             step = max(ref_c[2][..., 0].float().max().item(), ref_c[3][..., 0].float().max().item())
             msg = f"q rel={e_q:.2e} code flips={frac:.1e} max dequant diff={max(deq):.3g} (step<={step:.3g})"
             cg = [c.clone() for c in caches]
@@ -71,7 +78,7 @@ def check_fold(g):
     s0 = int(slots[0])
     b0, o0 = s0 // caches[0].shape[2], s0 % caches[0].shape[2]   # head-major pages
     ok = torch.equal(qb[0], q1[0]) and all(torch.equal(a[b0, :, o0], b[b0, :, o0])
-                                           for a, b in zip(caches, c1))
+                                           for a, b in zip(token_major(caches), token_major(c1)))
     record("fold batch invariance 1 vs 16", ok, "bit-identical" if ok else "DIFFERS")
 
 

@@ -7,9 +7,8 @@ full-causal attention, at 32k. One call:
 Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at
 B = 16, of 4 at B = 1 and 64): the plugin with DEFER_SUMS 0 (the column sums per tile: v5's
 bits, checked against a frozen v5 on the H200 in bench/results/h200-2026-12-01a/ne/, last at
-b1a107c), at its defaults, with the value pages read dim-major (V_T: the same codes transposed
-per page and head, [64, BLOCK]; the same bits), and with 16-row decode programs (the same bits
-as 8-row ones). Each output is compared with the DEFER_SUMS 0 one (``bits equal`` or the relative
+b1a107c), at its defaults, with DEFER_SUMS 1, and with 16-row decode programs (the same bits as
+8-row ones). Token-major value pages (the V_T variant of nh/, last at 96e0b6f) are gone. Each output is compared with the DEFER_SUMS 0 one (``bits equal`` or the relative
 difference) and with the defaults'. Then gpu_check's INT4 attention cases under the defaults.
 Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log.
 """
@@ -37,10 +36,8 @@ OUT = pathlib.Path(os.environ.get("OUT", "/tmp"))
 LOG: list[str] = []
 CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8), (1, 4), (64, 4)]  # (B, q)
 # name -> (module settings, launch-option overrides for both row tiles)
-VARIANTS = {"defaults": ({}, {}), "v dim-major": ({"V_T": True}, {}),
-            "v dim-major 16-row": ({"V_T": True, "ROWS_DECODE": 16}, {}),
+VARIANTS = {"defaults": ({}, {}), "defer 1": ({"DEFER_SUMS": 1}, {}),
             "16-row decode": ({"ROWS_DECODE": 16}, {})}
-DIM_MAJOR = ("v dim-major", "v dim-major 16-row")   # read the value codes transposed per page
 REFERENCE = {"DEFER_SUMS": 0}   # v5's bits
 
 
@@ -78,8 +75,6 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
     t = TT.int4_inputs(B, q_len)
     bts, nbytes = t[5], t[8]
     args = lambda b: t[:5] + (b,) + t[6:8]  # noqa: E731
-    vt = t[2].transpose(2, 3).contiguous().view(t[2].shape)   # [nb, Hkv, 64, BLOCK] bytes
-    args_t = lambda b: t[:2] + (vt,) + t[3:5] + (b,) + t[6:8]  # noqa: E731
     ctx = TT.CTX
     restore = set_variant(REFERENCE, {})
     try:
@@ -95,7 +90,7 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
         if time.time() > deadline or ("16-row" in name and q_len > 1):
             continue
         restore = set_variant(mod, tune)
-        fa = args_t if name in DIM_MAJOR else args
+        fa = args
         try:
             out = int4_paged_attention(*fa(bts[0]), ctx, q_len)
             diff = diff_text(out, ref) + " vs defer 0"

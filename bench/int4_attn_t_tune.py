@@ -54,7 +54,7 @@ def int4_inputs(B, q_len):
     nbytes = B * CTX * HKV * 136 + 4 * q.numel()
     ns = PT.sets_for(nbytes)
     kc = torch.randint(0, 256, (ns * nb, HKV, BLK, 64), dtype=torch.uint8, device=DEV)
-    vc = torch.randint(0, 256, (ns * nb, HKV, BLK, 64), dtype=torch.uint8, device=DEV)
+    vc = torch.randint(0, 256, (ns * nb, HKV, 64, BLK), dtype=torch.uint8, device=DEV)  # dim-major
     km, vm = [torch.stack([torch.rand((ns * nb, HKV, BLK), device=DEV) * 0.3 + 0.01,
                            -torch.rand((ns * nb, HKV, BLK), device=DEV)], -1).half()
               for _ in range(2)]   # head-major pages (the plugin's layout)

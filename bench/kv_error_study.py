@@ -66,7 +66,8 @@ def study(L, T_=16, hq=20, hkv=4):
     for label, (mq, mk) in (("int4 unrotated", (torch.diag(gq), torch.diag(gk))),
                             ("int4 rotated", fold_matrices(gq, gk, hadamard_rotation(1)))):
         mq, mk = mq.float().contiguous().to(DEV), mk.float().contiguous().to(DEV)
-        cache = [torch.zeros((L // blk, hkv, blk, 64), dtype=torch.uint8, device=DEV) for _ in range(2)]
+        cache = [torch.zeros(shape, dtype=torch.uint8, device=DEV)   # values dim-major
+                 for shape in ((L // blk, hkv, blk, 64), (L // blk, hkv, 64, blk))]
         cache += [torch.zeros((L // blk, hkv, blk, 2), dtype=torch.float16, device=DEV) for _ in range(2)]
         qkv_src = torch.cat([kr, kr[:, :1]], 1).bfloat16()  # keys; one dummy query head
         qk_norm_fold_int4(qkv_src[:, hkv:], qkv_src[:, :hkv], v_b, mq, mk, slots, *cache)

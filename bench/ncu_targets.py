@@ -44,8 +44,8 @@ def attn_call(kind: str, B: int, q_len: int, window: int = 0):
     bt, nb = PT.paged_tables(B, CTX, BLK)
     q = torch.randn((B * q_len, HQ, 128), device=DEV).bfloat16()
     if kind == "int4":
-        kc, vc = [torch.randint(0, 256, (nb, HKV, BLK, 64), dtype=torch.uint8, device=DEV)
-                  for _ in range(2)]
+        kc, vc = [torch.randint(0, 256, shape, dtype=torch.uint8, device=DEV)   # values dim-major
+                  for shape in ((nb, HKV, BLK, 64), (nb, HKV, 64, BLK))]
         km, vm = [torch.stack([torch.rand((nb, HKV, BLK), device=DEV) * 0.3 + 0.01,
                                -torch.rand((nb, HKV, BLK), device=DEV)], -1).half()
                   for _ in range(2)]

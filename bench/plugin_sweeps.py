@@ -161,7 +161,7 @@ def bench_sweep(quick):
     bt, nb = paged_tables(B, ctx, blk)
     q = torch.randn((B, 20, 128), device=DEV).bfloat16()
     kc = torch.randint(0, 256, (nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)  # head-major
-    vc = torch.randint(0, 256, (nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)
+    vc = torch.randint(0, 256, (nb, hkv, 64, blk), dtype=torch.uint8, device=DEV)  # dim-major
     km = (torch.rand((nb, hkv, blk, 2), device=DEV) * 0.1).half()
     vm = (torch.rand((nb, hkv, blk, 2), device=DEV) * 0.1).half()
     att = dict(PART=[512, 1024], BLOCK_N=[16, 32, 64], num_warps=[1, 2], num_stages=[5])

@@ -104,7 +104,7 @@ def attn_bench(B, ctx, blk, q_len, quick):
     nbytes = B * ctx * hkv * 136 + qbytes
     ns = sets_for(nbytes)
     kc = torch.randint(0, 256, (ns * nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)  # head-major
-    vc = torch.randint(0, 256, (ns * nb, hkv, blk, 64), dtype=torch.uint8, device=DEV)
+    vc = torch.randint(0, 256, (ns * nb, hkv, 64, blk), dtype=torch.uint8, device=DEV)  # dim-major
     km, vm = [torch.stack([torch.rand((ns * nb, hkv, blk), device=DEV) * 0.3 + 0.01,
                            -torch.rand((ns * nb, hkv, blk), device=DEV)], -1).half() for _ in range(2)]
     calls = [lambda b=bt + i * nb: int4_paged_attention(q, kc, vc, km, vm, b, sl, cu, ctx, q_len)  # noqa: F821

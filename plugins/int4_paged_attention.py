@@ -19,8 +19,12 @@ bit-identical to v4's (H200, bench/results/h200-2026-11-30m/mt/). v4: plugins/NO
 The head dim is split by nibble, d = 2i (low nibble of byte i) and 2i+1 (high):
 q·c = q_even·c_lo + q_odd·c_hi and P·V = [P·v_lo, P·v_hi], so a [keys, 64] byte tile is decoded
 in place (no join/reshape, 16-byte loads) into two [keys, 64] fp16 MMA operands. Key codes keep
-their 1024 bias (fp16 0x64nn = 1024 + nn; the MMA accumulator starts at -1024·Σq); value codes
-go through shared memory as fp16 (the P·V contraction runs across keys, not along the bytes).
+their 1024 bias (fp16 0x64nn = 1024 + nn; the MMA accumulator starts at -1024·Σq). Value pages
+are dim-major, [64 bytes, BLOCK keys] per (page, head): a [64, BLOCK_N] byte tile is V^T, the A
+operand of O^T = V^T·P^T, whose register pairs hold consecutive keys; it is decoded in the
+operand registers like the keys (before 2026-12-01 token-major value pages were decoded, then
+transposed as fp16 through shared memory; H200 32k B=16 105.1 -> 99.2 µs, B=64 391.6 -> 359.1,
+4 tokens at B=16 258.9 -> 239.6: bench/results/h200-2026-12-01a/nh/).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ._common import NAMESPACE, check_tensor, jit, kernel_path, tl
 from ._common import pdl_enter, pdl_release
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step_cols)
-from .qk_norm_fold_int4 import dequantize_int4_ref, int4_rows
+from .qk_norm_fold_int4 import dequantize_int4_ref, int4_rows, int4_value_codes
 
 PART = 512  # positions per split (fixed: the reduction order must not depend on the batch)
 BLOCK_N = 32  # keys per inner step (H200 sweeps, plugins/NOTES.md; it sets the bits)
@@ -47,7 +51,6 @@ DEFER_SUMS = 2  # the column sums of p and p·offset: 0 per tile (shuffles in ev
 # depend on 8- or 16-row programs). H200 32k, 0 -> 2: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 /
 # 110.0 / 416.8 -> 20.0 / 32.0 / 105.2 / 390.8 µs, verification of 4 tokens at B=16 266.1 ->
 # 260.0 (bench/results/h200-2026-12-01a/ne/). Mode 1 spilled in 16-row programs.
-V_T = False  # value pages dim-major, [num_blocks, Hkv, 64, BLOCK] (experiment: bench only)
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -102,7 +105,7 @@ def _meta(m_ptr, off, mask):
 def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
           k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
           BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr, V_T: tl.constexpr):
+          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
     rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
     MASKED=False: every key of the tile is visible to every row (no mask math). DEFER_SUMS 1 / 2:
@@ -116,13 +119,9 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
         base = phys * PAGE + (n0 % BLOCK) * KS
         kc = tl.load(kc_p + base * (D // 2) + offs)
-        if V_T:  # [D/2 bytes, BLOCK_N keys] of a dim-major page
-            b = tl.arange(0, D // 2)
-            slot0 = tl.multiple_of(n0 % BLOCK, BLOCK_N)
-            vc = tl.load(vc_p + phys * PAGE * (D // 2) + b[:, None] * BLOCK
-                         + (slot0 + i_n)[None, :])
-        else:
-            vc = tl.load(vc_p + base * (D // 2) + offs)
+        b = tl.arange(0, D // 2)   # values: [D/2 bytes, BLOCK_N keys] of a dim-major page
+        slot0 = tl.multiple_of(n0 % BLOCK, BLOCK_N)
+        vc = tl.load(vc_p + phys * PAGE * (D // 2) + b[:, None] * BLOCK + (slot0 + i_n)[None, :])
         ks, ko = _meta(km_p + base, i_n * KS, kval)
         vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
@@ -130,11 +129,8 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-        if V_T:
-            vc = tl.load(vc_p + (phys.to(tl.int64) * PAGE * (D // 2))[None, :]
-                         + b[:, None] * BLOCK + (kpos % BLOCK)[None, :])
-        else:
-            vc = tl.load(vc_p + kh[:, None] * (D // 2) + b[None, :])
+        vc = tl.load(vc_p + (phys.to(tl.int64) * PAGE * (D // 2))[None, :]
+                     + b[:, None] * BLOCK + (kpos % BLOCK)[None, :])
         ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
     klo, khi = _codes_f16(kc, False, True, USE_ASM)
@@ -162,15 +158,12 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     else:
         m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
         acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
-    vlo, vhi = _codes_f16(vc, True, V_T, USE_ASM)
+    vlo, vhi = _codes_f16(vc, True, True, USE_ASM)   # V^T [D/2, BLOCK_N]: the A operand
     pv = (pr * vs[:, None]).to(tl.float16)
     if DOT_F32:
         pv = pv.to(tl.float32)
         vlo = vlo.to(tl.float32)
         vhi = vhi.to(tl.float32)
-    if not V_T:
-        vlo = tl.trans(vlo)
-        vhi = tl.trans(vhi)
     acc_e = tl.dot(vlo, pv, acc=acc_e * alpha[None, :])
     acc_o = tl.dot(vhi, pv, acc=acc_o * alpha[None, :])
     return m_new, l_i, acc_e, acc_o, acc_c
@@ -181,7 +174,7 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
           G, S, bt_stride, window, s, h, j, r0, q_start, q_len, seq_len, BLOCK: tl.constexpr,
           PART: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
           USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr,
-          DEFER_SUMS: tl.constexpr, V_T: tl.constexpr, PDL: tl.constexpr):
+          DEFER_SUMS: tl.constexpr, PDL: tl.constexpr):
     """Query rows r0 .. r0 + ROWS - 1 (token x group head) of stream s, KV head h, over split j:
     the online softmax over the split's keys, then its partial m, l and acc (attn_combine)."""
     r = r0 + tl.arange(0, ROWS)
@@ -238,12 +231,12 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
         m_i, l_i, acc_e, acc_o, acc_c = _tile(
             n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
             k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
-            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS, V_T)
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
     for n0 in range(n_mid, k_hi, BLOCK_N):
         m_i, l_i, acc_e, acc_o, acc_c = _tile(
             n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
             k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
-            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS, V_T)
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
     if DEFER_SUMS:
         l_i = tl.sum(l_i, 0)
         acc_c = tl.sum(acc_c, 0)
@@ -261,7 +254,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
-                      V_T: tl.constexpr, PDL: tl.constexpr = 0):
+                      PDL: tl.constexpr = 0):
     """Grid (streams x Hkv x row tiles of BLOCK_M, splits): one `_rows` call per program."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
@@ -275,8 +268,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
     if rt * BLOCK_M < q_len * G:
         _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
               HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
-              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, V_T,
-              PDL)
+              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, PDL)
 
 
 def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens,
@@ -286,7 +278,8 @@ def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, 
 
     def gather(slots):
         rows = int4_rows(slots, hkv, blk)
-        kc, vc = (c.view(-1, HEAD_DIM // 2)[rows] for c in (k_codes, v_codes))
+        kc = k_codes.view(-1, HEAD_DIM // 2)[rows]
+        vc = int4_value_codes(v_codes, slots)
         km, vm = (m.view(-1, 2)[rows] for m in (k_meta, v_meta))
         return dequantize_int4_ref(kc, km), dequantize_int4_ref(vc, vm)
 
@@ -325,8 +318,7 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
                         block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
-                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS,
-                        V_T=V_T)
+                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,
@@ -336,8 +328,9 @@ def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_
 
     Args:
         q: bf16 [total_q, Hq, 128], already M_q·rms(q) (see qk_norm_fold_int4), contiguous.
-        k_codes, v_codes: uint8 [num_blocks, Hkv, BLOCK, 64] (head-major pages); BLOCK in
+        k_codes: uint8 [num_blocks, Hkv, BLOCK, 64] (head-major pages); BLOCK in
             (16, 32, 64, 128).
+        v_codes: uint8 [num_blocks, Hkv, 64, BLOCK] (head-major, dim-major pages).
         k_meta, v_meta: fp16 [num_blocks, Hkv, BLOCK, 2] = (scale, offset).
         block_tables: int32 [num_seqs, max_blocks_per_seq]; seq_lens: int32 [num_seqs] (positions
             in the cache, new tokens included); cu_q_lens: int32 [num_seqs + 1].
@@ -359,7 +352,7 @@ def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_
     part = PART if part is None else part
     check_common(q, block_tables, seq_lens, cu_q_lens, hkv, blk, max_seq_len, max_q_len, window,
                  part, BLOCK_N)
-    check_tensor("v_codes", v_codes, torch.uint8, tuple(k_codes.shape), q.device)
+    check_tensor("v_codes", v_codes, torch.uint8, (nb, hkv, HEAD_DIM // 2, blk), q.device)
     check_tensor("k_meta", k_meta, torch.float16, (nb, hkv, blk, 2), q.device)
     check_tensor("v_meta", v_meta, torch.float16, (nb, hkv, blk, 2), q.device)
     sm_scale = default_sm_scale() if sm_scale is None else float(sm_scale)

@@ -9,7 +9,8 @@ over the 128 numbers: scale = (max-min)/15, offset = min (both stored as fp16; t
 computed against the stored fp16 values), code = clamp(floor((x-offset)/scale + 0.5), 0, 15),
 code 0 everywhere when scale == 0. Codes pack two per byte, element 2i in the low nibble.
 Pages are head-major, [num_blocks, Hkv, BLOCK, 64] and [num_blocks, Hkv, BLOCK, 2]: one head's
-keys of a page are contiguous (`int4_rows`). Layouts: plugins/LAYOUTS.md.
+keys of a page are contiguous (`int4_rows`); value codes are dim-major within a page,
+[num_blocks, Hkv, 64, BLOCK] (`int4_value_codes`). Layouts: plugins/LAYOUTS.md.
 """
 
 from __future__ import annotations
@@ -91,7 +92,11 @@ def _fold_kv(k_ptr, v_ptr, mk_ptr, slot_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr,
         packed = (lo | (hi << 4)).to(tl.uint8)
         row = ((slot // BLK) * HKV + hk) * BLK + slot % BLK  # int64 flat row (int4_rows)
         b = tl.arange(0, D // 2)
-        tl.store(c_ptr + row[:, None] * (D // 2) + b[None, :], packed, mask=wmask[:, None])
+        if which == 0:   # keys: token-major [BLOCK, 64] per (page, head)
+            cp = c_ptr + row[:, None] * (D // 2) + b[None, :]
+        else:            # values: dim-major [64, BLOCK] per (page, head) (int4_value_codes)
+            cp = c_ptr + (row - slot % BLK)[:, None] * (D // 2) + b[None, :] * BLK + slot % BLK
+        tl.store(cp, packed, mask=wmask[:, None])
         tl.store(m_ptr + row * 2, scale_h, mask=wmask)
         tl.store(m_ptr + row * 2 + 1, off_h, mask=wmask)
 
@@ -126,6 +131,13 @@ def int4_rows(slots: torch.Tensor, hkv: int, block: int) -> torch.Tensor:
     return ((slots // block)[:, None] * hkv + heads[None, :]) * block + (slots % block)[:, None]
 
 
+def int4_value_codes(v_codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The value codes of slots int64 [n] from dim-major pages v_codes uint8 [num_blocks, Hkv,
+    64, BLOCK]: uint8 [n, Hkv, 64] (byte i of head h at v_codes[slot // BLOCK, h, i, slot %
+    BLOCK]). A view of the same bytes for writes: ``v_codes.transpose(2, 3)`` [.., BLOCK, 64]."""
+    return v_codes.transpose(2, 3)[slots // v_codes.shape[3], :, slots % v_codes.shape[3]]
+
+
 def dequantize_int4_ref(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     """codes uint8 [..., 64] + meta fp16 [..., 2] -> fp32 [..., 128]: code * scale + offset."""
     lo = (codes & 15).float()
@@ -141,9 +153,11 @@ def qk_norm_fold_int4_ref(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_m
     kc, kmeta = quantize_int4_ref(k_rot)
     vc, vmeta = quantize_int4_ref(v.float())
     keep = slot_mapping >= 0
-    rows = int4_rows(slot_mapping[keep], k_codes.shape[1], k_codes.shape[2])
-    for cache, val in ((k_codes, kc), (v_codes, vc), (k_meta, kmeta), (v_meta, vmeta)):
+    slots = slot_mapping[keep]
+    rows = int4_rows(slots, k_codes.shape[1], k_codes.shape[2])
+    for cache, val in ((k_codes, kc), (k_meta, kmeta), (v_meta, vmeta)):
         cache.view(-1, cache.shape[-1])[rows] = val[keep]
+    v_codes.transpose(2, 3)[slots // v_codes.shape[3], :, slots % v_codes.shape[3]] = vc[keep]
     return q_out
 
 
@@ -162,7 +176,7 @@ def _check(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta, v_meta):
     hkv = k.shape[1]
     check_tensor("k_codes", k_codes, torch.uint8, (None, hkv, None, HEAD_DIM // 2), dev)
     nb, blk = k_codes.shape[0], k_codes.shape[2]
-    check_tensor("v_codes", v_codes, torch.uint8, (nb, hkv, blk, HEAD_DIM // 2), dev)
+    check_tensor("v_codes", v_codes, torch.uint8, (nb, hkv, HEAD_DIM // 2, blk), dev)
     check_tensor("k_meta", k_meta, torch.float16, (nb, hkv, blk, 2), dev)
     check_tensor("v_meta", v_meta, torch.float16, (nb, hkv, blk, 2), dev)
 
@@ -207,8 +221,8 @@ def qk_norm_fold_int4(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta,
         m_q: fp32 [128, 128] = R·diag(g_q⊙g_k) (times 1/sqrt(128) if the caller folds it).
         m_k: fp32 [128, 128] = R.
         slot_mapping: int64 [T], physical slot = block*BLOCK + offset; negative = do not write.
-        k_codes, v_codes: uint8 [num_blocks, Hkv, BLOCK, 64] (head-major pages), written in
-            place at the slots.
+        k_codes: uint8 [num_blocks, Hkv, BLOCK, 64] (head-major pages), written in place at the
+            slots; v_codes: uint8 [num_blocks, Hkv, 64, BLOCK] (head-major, dim-major pages).
         k_meta, v_meta: fp16 [num_blocks, Hkv, BLOCK, 2] (scale, offset), written in place.
         eps: RMS epsilon (config rms_norm_eps).
         interpret: run the Triton kernel in the interpreter on CPU tensors (tests only).

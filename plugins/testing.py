@@ -50,13 +50,12 @@ def paged_layout(seq_lens, q_lens, block_size, g, device="cpu", spare_blocks=3):
 
 
 def int4_cache(num_blocks, block_size, hkv, g, device="cpu"):
-    """Random head-major (k_codes, v_codes, k_meta, v_meta): codes uint8 [num_blocks, hkv,
-    block_size, 64], meta fp16 [num_blocks, hkv, block_size, 2] with scales in [0.01, 0.31] and
-    offsets in [-2, 0]."""
+    """Random head-major (k_codes, v_codes, k_meta, v_meta): k_codes uint8 [num_blocks, hkv,
+    block_size, 64], v_codes uint8 [num_blocks, hkv, 64, block_size] (dim-major), meta fp16
+    [num_blocks, hkv, block_size, 2] with scales in [0.01, 0.31] and offsets in [-2, 0]."""
     out = []
-    for _ in range(2):
-        out.append(torch.randint(0, 256, (num_blocks, hkv, block_size, 64), generator=g,
-                                 dtype=torch.uint8).to(device))
+    for shape in ((num_blocks, hkv, block_size, 64), (num_blocks, hkv, 64, block_size)):
+        out.append(torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(device))
     for _ in range(2):
         sc = torch.rand((num_blocks, hkv, block_size), generator=g) * 0.3 + 0.01
         off = -torch.rand((num_blocks, hkv, block_size), generator=g) * 2.0

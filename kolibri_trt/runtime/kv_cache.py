@@ -17,7 +17,7 @@ import torch
 
 from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write
 from kolibri_trt_plugins.qk_norm_fold_int4 import (dequantize_int4_ref, int4_rows,
-                                                   quantize_int4_ref)
+                                                   int4_value_codes, quantize_int4_ref)
 
 from ..config import KolibriConfig
 
@@ -68,9 +68,9 @@ class KVCache:
     """The cache tensors of every layer, with write and gather in plain torch (the CPU path).
 
     Per sliding layer: k, v [num_sliding_blocks, bs, Hkv, D] (fp8 or bf16) and fp32 scalar
-    k_scale, v_scale. Per full layer: int4 -> k_codes, v_codes uint8 [nb, Hkv, bs, D/2] and
-    k_meta, v_meta fp16 [nb, Hkv, bs, 2] (head-major pages, plugins/LAYOUTS.md); fp8 / bf16 ->
-    k, v [nb, bs, Hkv, D].
+    k_scale, v_scale. Per full layer: int4 -> k_codes uint8 [nb, Hkv, bs, D/2], v_codes uint8
+    [nb, Hkv, D/2, bs] (dim-major) and k_meta, v_meta fp16 [nb, Hkv, bs, 2] (head-major pages,
+    plugins/LAYOUTS.md); fp8 / bf16 -> k, v [nb, bs, Hkv, D].
     """
 
     def __init__(self, cfg: KolibriConfig, plan: KVPlan, geometry: CacheGeometry,
@@ -84,7 +84,8 @@ class KVCache:
             if fmt in INT4_FULL:
                 t = {"k_codes": torch.zeros(nb, hkv, bs, d // 2, dtype=torch.uint8, device=device),
                      "k_meta": torch.zeros(nb, hkv, bs, 2, dtype=torch.float16, device=device)}
-                t["v_codes"], t["v_meta"] = torch.zeros_like(t["k_codes"]), torch.zeros_like(t["k_meta"])
+                t["v_codes"] = torch.zeros(nb, hkv, d // 2, bs, dtype=torch.uint8, device=device)
+                t["v_meta"] = torch.zeros_like(t["k_meta"])
             else:
                 dtype = FP8 if fmt == "fp8" else torch.bfloat16
                 t = {"k": torch.zeros(nb, bs, hkv, d, dtype=dtype, device=device)}
@@ -103,9 +104,13 @@ class KVCache:
         t, fmt = self.layers[layer], self.format(layer)
         if fmt in INT4_FULL:
             rows = self._int4_rows(t, slots)
+            bs = t["v_codes"].shape[3]
             for name, x in (("k", k), ("v", v)):
                 codes, meta = quantize_int4_ref(x.float())
-                t[f"{name}_codes"].view(-1, codes.shape[-1])[rows] = codes
+                if name == "k":
+                    t["k_codes"].view(-1, codes.shape[-1])[rows] = codes
+                else:   # dim-major value pages (int4_value_codes)
+                    t["v_codes"].transpose(2, 3)[slots // bs, :, slots % bs] = codes
                 t[f"{name}_meta"].view(-1, 2)[rows] = meta
         elif fmt == "fp8":
             fp8_kv_write(k, v, slots, t["k"], t["v"], t["k_scale"], t["v_scale"])
@@ -125,7 +130,8 @@ class KVCache:
         out = []
         for name in ("k", "v"):
             if fmt in INT4_FULL:
-                codes = t[f"{name}_codes"].view(-1, t[f"{name}_codes"].shape[-1])[rows]
+                codes = (t["k_codes"].view(-1, t["k_codes"].shape[-1])[rows] if name == "k"
+                         else int4_value_codes(t["v_codes"], slots))
                 meta = t[f"{name}_meta"].view(-1, 2)[rows]
                 out.append(dequantize_int4_ref(codes, meta))
             else:

@@ -17,7 +17,8 @@ def op_cases():
     kf, vf = T.fp8_cache(nb, 16, 2, g)
     one = torch.ones(1)
     mq, mk = fold_matrices(torch.ones(128), torch.ones(128), hadamard_rotation(0))
-    fold_caches = ([torch.zeros((4, 2, 16, 64), dtype=torch.uint8) for _ in range(2)]
+    fold_caches = ([torch.zeros(shape, dtype=torch.uint8) for shape in ((4, 2, 16, 64),
+                                                                        (4, 2, 64, 16))]
                    + [torch.zeros((4, 2, 16, 2), dtype=torch.float16) for _ in range(2)])
     x = T.randn((3, 64), g)
     moe = T.moe_weights(4, 64, 32, 32, g)

@@ -62,8 +62,8 @@ def test_int4_reference_against_dense(blk, window):
         return dequantize_int4_ref(codes[b, :, o], meta[b, :, o])
     ks = [d4(kc, bt[s, torch.arange(L) // blk].long() * blk + torch.arange(L) % blk, km)
           for s, L in enumerate(SEQS)]
-    vs = [d4(vc, bt[s, torch.arange(L) // blk].long() * blk + torch.arange(L) % blk, vm)
-          for s, L in enumerate(SEQS)]
+    vs = [d4(vc.transpose(2, 3), bt[s, torch.arange(L) // blk].long() * blk  # dim-major pages
+             + torch.arange(L) % blk, vm) for s, L in enumerate(SEQS)]
     ref = dense_ref(q, ks, vs, SEQS, QLENS, window, 1 / math.sqrt(128))
     out = int4_paged_attention(q, kc, vc, km, vm, bt, sl, cu, max(SEQS), max(QLENS), window=window)
     assert T.rel_err(out, ref) < REF_TOL

@@ -14,9 +14,16 @@ CODE_FLIP_FRAC = 2e-2    # codes may move by one step at rounding boundaries (fp
 
 
 def caches(nb, blk, hkv):
-    """Empty head-major pages: codes [nb, hkv, blk, 64], meta [nb, hkv, blk, 2]."""
-    return ([torch.zeros((nb, hkv, blk, 64), dtype=torch.uint8) for _ in range(2)]
+    """Empty head-major pages: key codes [nb, hkv, blk, 64], value codes [nb, hkv, 64, blk]
+    (dim-major), meta [nb, hkv, blk, 2]."""
+    return ([torch.zeros(shape, dtype=torch.uint8) for shape in ((nb, hkv, blk, 64),
+                                                                 (nb, hkv, 64, blk))]
             + [torch.zeros((nb, hkv, blk, 2), dtype=torch.float16) for _ in range(2)])
+
+
+def token_major(c):
+    """The value codes viewed [nb, hkv, blk, 64], like the keys'."""
+    return [x.transpose(2, 3) if i == 1 else x for i, x in enumerate(c)]
 
 
 def test_rotation_is_orthogonal_and_fold_keeps_scores():
@@ -96,8 +103,9 @@ def test_interpreter_matches_reference(interp, T_, hq, hkv):
     assert T.rel_err(out, ref) < Q_OUT_TOL
     flips = sum(int((a != b).sum()) for a, b in zip(c[:2], c_ref[:2]))
     assert flips <= CODE_FLIP_FRAC * c[0].numel() * 2
+    tc, tr = token_major(c), token_major(c_ref)
     for i in (0, 1):
-        d = (dequantize_int4_ref(c[i], c[i + 2]) - dequantize_int4_ref(c_ref[i], c_ref[i + 2]))
+        d = (dequantize_int4_ref(tc[i], tc[i + 2]) - dequantize_int4_ref(tr[i], tr[i + 2]))
         assert d.abs().max() <= c_ref[i + 2][..., 0].float().max() * 1.01 + 1e-3
 
 
