@@ -140,6 +140,9 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=ni bash bench/gpu_session.sh   (~5 min, engine carry-b) after a change to the INT4 cache:
+#       gpu_check fold,int4,fp8attn, gpu_runtime and gpu_drafter graphs on the trained default,
+#       bench/plugins.py --only study,attn,fold, bench/int4_attn_ab.py
 #   PART=nf bash bench/gpu_session.sh   (~7 min, engine carry-b) final checks: gpu_check of every
 #       kernel, the trained default's gpu_runtime and gpu_drafter graphs; with PDL off the kernel
 #       table (bench/plugins.py --only attn,gemv,moe,fold) and bench/int4_attn_ab.py
@@ -242,6 +245,15 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  ni)
+    unpack carry-b
+    step check 90 python3 bench/gpu_check.py --only fold,int4,fp8attn
+    minichecks 180 35 graphs
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step plugins 100 python3 bench/plugins.py --only study,attn,fold --csv "$OUT/plugins.csv"
+    step int4ab 90 python3 bench/int4_attn_ab.py --budget 45
+    pack ni
+    ;;
   nf)
     unpack carry-b
     step check 175 python3 bench/gpu_check.py \
