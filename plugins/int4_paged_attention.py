@@ -129,8 +129,17 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
         b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-        vc = tl.load(vc_p + (phys.to(tl.int64) * PAGE * (D // 2))[None, :]
-                     + b[:, None] * BLOCK + (kpos % BLOCK)[None, :])
+        # values: BLOCK_N / BLOCK page pieces of [D/2, BLOCK] contiguous keys, loaded as
+        # [D/2, pieces, BLOCK] (16-byte rows) and viewed [D/2, BLOCK_N]. A load of the [D/2,
+        # BLOCK_N] tile with per-key page addresses compiled to 64 byte loads per tile and ran
+        # 2x slower at BLOCK 16 (bench/results/h200-2026-12-01a/ni/); this form: AOT sm_90 687
+        # instructions per tile, no synchronous loads; not yet timed on the H200.
+        sub = tl.arange(0, BLOCK_N // BLOCK)
+        pg = tl.load(bt_p + n0 // BLOCK + sub, mask=n0 + sub * BLOCK < k_hi, other=0)
+        pg = tl.multiple_of(pg.to(tl.int64) * PAGE * (D // 2), BLOCK * (D // 2))
+        o = tl.arange(0, BLOCK)
+        vc = tl.load(vc_p + pg[None, :, None] + (b * BLOCK)[:, None, None] + o[None, None, :])
+        vc = tl.reshape(vc, (D // 2, BLOCK_N))
         ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
     klo, khi = _codes_f16(kc, False, True, USE_ASM)
