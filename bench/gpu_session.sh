@@ -234,6 +234,15 @@ unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried (benc
   python3 bench/carry_engine.py unpack "engines/$1.tar.xz" engines && echo "unpacked engines/$1.tar.xz"
 }
 
+allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs on the trained
+  # default (engine carry-b); then PDL off for the kernel timings that follow
+  unpack carry-b
+  step check 175 python3 bench/gpu_check.py \
+    --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+  minichecks 180 35 graphs
+  export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+}
+
 ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on COUNT launches of
   # bench/ncu_targets.py TARGET (after 2 skipped), written as text: details and per-SASS counters
   step "ncu_$1" 150 ncu --clock-control none -k "regex:$2" --launch-skip 2 -c "$3" --set full \
@@ -255,11 +264,7 @@ case "${PART:-}" in
     pack ni
     ;;
   nf)
-    unpack carry-b
-    step check 175 python3 bench/gpu_check.py \
-      --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
-    minichecks 180 35 graphs
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    allchecks
     step plugins 100 python3 bench/plugins.py --only attn,gemv,moe,fold --csv "$OUT/plugins.csv"
     step int4ab 110 python3 bench/int4_attn_ab.py --budget 70
     pack nf
@@ -470,11 +475,7 @@ case "${PART:-}" in
     pack mu
     ;;
   mv)
-    unpack carry-b
-    step check 175 python3 bench/gpu_check.py \
-      --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
-    minichecks 180 35 graphs
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    allchecks
     step plugins 90 python3 bench/plugins.py --only attn,gemv,moe --csv "$OUT/plugins.csv"
     step int4t 70 python3 bench/int4_attn_t_tune.py --budget 35
     pack mv
