@@ -102,24 +102,19 @@ def _meta(m_ptr, off, mask):
 
 
 @jit
-def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
-          k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
-          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
-    """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
-    rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c).
-    MASKED=False: every key of the tile is visible to every row (no mask math). DEFER_SUMS 1 / 2:
-    l and acc_c are [BLOCK_N / 8, BLOCK_M] sums per key / per group of keys k + 8·i (the rows
-    of one thread in the MMA's output layout), which the caller reduces over keys once."""
+def _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE,
+               BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """The tile at n0: key codes uint8 [BLOCK_N, D/2], value codes V^T uint8 [D/2, BLOCK_N]
+    (dim-major pages) and the keys' and values' (scale, offset) fp32 [BLOCK_N] each. Code loads
+    are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of invisible keys
+    meet p = 0 and zeroed (masked) scale and offset."""
     kpos = n0 + i_n
     kval = (kpos >= k_lo) & (kpos < k_hi)
-    # code loads are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of
-    # invisible keys meet p = 0 and zeroed (masked) scale and offset.
+    b = tl.arange(0, D // 2)
     if BLOCK >= BLOCK_N:  # the whole tile lies in one page, which holds a visible key
         phys = tl.load(bt_p + n0 // BLOCK).to(tl.int64)
         base = phys * PAGE + (n0 % BLOCK) * KS
         kc = tl.load(kc_p + base * (D // 2) + offs)
-        b = tl.arange(0, D // 2)   # values: [D/2 bytes, BLOCK_N keys] of a dim-major page
         slot0 = tl.multiple_of(n0 % BLOCK, BLOCK_N)
         vc = tl.load(vc_p + phys * PAGE * (D // 2) + b[:, None] * BLOCK + (slot0 + i_n)[None, :])
         ks, ko = _meta(km_p + base, i_n * KS, kval)
@@ -127,7 +122,6 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     else:
         phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
         kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
-        b = tl.arange(0, D // 2)
         kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
         # values: BLOCK_N / BLOCK page pieces of [D/2, BLOCK] contiguous keys, loaded as
         # [D/2, pieces, BLOCK] (16-byte rows) and viewed [D/2, BLOCK_N]. A load of the [D/2,
@@ -142,22 +136,23 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
         vc = tl.reshape(vc, (D // 2, BLOCK_N))
         ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
-    klo, khi = _codes_f16(kc, False, True, USE_ASM)
-    if DOT_F32:
-        klo = klo.to(tl.float32)
-        khi = khi.to(tl.float32)
-    sc = tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
-    sc = sc * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
-    if MASKED:
-        vis = (kpos[:, None] >= lo_r[None, :]) & (kpos[:, None] <= hi_r[None, :])
-        sc = tl.where(vis, sc, float("-inf"))
-    if DEFER_SUMS:  # no column sums over keys here: their shuffles leave the tile's chain
+    return kc, vc, ks, ko, vs, vo
+
+
+@jit
+def _softmax_cols(sc, vo, m_i, l_i, acc_c, BLOCK_N: tl.constexpr, DEFER_SUMS: tl.constexpr):
+    """Online-softmax step over the columns of sc [BLOCK_N keys, rows] (log2 units, -inf:
+    masked): returns (m_new, alpha, p [BLOCK_N, rows], l, acc_c), acc_c += Σ p·offset. DEFER_SUMS
+    0: l, acc_c [rows], summed over keys here (shuffles in every tile's chain); 1: [BLOCK_N,
+    rows] per key; 2: [8, rows] per group of keys k + 8·i (one thread's rows of the MMA's output
+    layout, summed in registers). 1 and 2 leave the sum over keys to the caller, once."""
+    if DEFER_SUMS:
         m_new = tl.maximum(m_i, tl.max(sc, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         pr = tl.exp2(sc - m_safe[None, :])
         pc = pr * vo[:, None]
-        if DEFER_SUMS == 2:  # keys k and k + 8·i (one thread's rows of the MMA tile) summed
+        if DEFER_SUMS == 2:
             pr_g = tl.sum(tl.reshape(pr, (BLOCK_N // 8, 8, pr.shape[1])), 0)
             pc = tl.sum(tl.reshape(pc, (BLOCK_N // 8, 8, pc.shape[1])), 0)
         else:
@@ -167,6 +162,31 @@ def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_
     else:
         m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
         acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
+    return m_new, alpha, pr, l_i, acc_c
+
+
+@jit
+def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
+          k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
+          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
+          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
+    """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
+    rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c) (l and
+    acc_c as `_softmax_cols` keeps them). MASKED=False: every key of the tile is visible to
+    every row (no mask math)."""
+    kc, vc, ks, ko, vs, vo = _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p,
+                                        KS, PAGE, BLOCK, BLOCK_N, D)
+    klo, khi = _codes_f16(kc, False, True, USE_ASM)
+    if DOT_F32:
+        klo = klo.to(tl.float32)
+        khi = khi.to(tl.float32)
+    sc = tl.dot(khi, q_o, acc=tl.dot(klo, q_e, acc=bias))
+    sc = sc * (ks * qk_scale)[:, None] + ko[:, None] * qsum[None, :]
+    if MASKED:
+        kpos = n0 + i_n
+        vis = (kpos[:, None] >= lo_r[None, :]) & (kpos[:, None] <= hi_r[None, :])
+        sc = tl.where(vis, sc, float("-inf"))
+    m_new, alpha, pr, l_i, acc_c = _softmax_cols(sc, vo, m_i, l_i, acc_c, BLOCK_N, DEFER_SUMS)
     vlo, vhi = _codes_f16(vc, True, True, USE_ASM)   # V^T [D/2, BLOCK_N]: the A operand
     pv = (pr * vs[:, None]).to(tl.float16)
     if DOT_F32:
