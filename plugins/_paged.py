@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from ._common import cdiv, check_tensor, jit, launch, tl
+from ._rows import pad_rows
 from .attn_combine import launch_attn_combine
 
 HEAD_DIM = 128
@@ -113,10 +114,11 @@ def paged_attention_dense_ref(q, block_tables, seq_lens, cu_q_lens, block_size: 
         mask = kpos[None, :] <= qpos[:, None]
         if window > 0:
             mask &= kpos[None, :] > qpos[:, None] - window
-        sc = torch.einsum("thd,nhd->htn", q[q0:q1].float(), k) * sm_scale
-        sc = sc.masked_fill(~mask.to(q.device)[None], float("-inf"))
+        # query rows padded (`pad_rows`): a row's bits do not depend on the stream's q_len
+        sc = torch.einsum("thd,nhd->htn", pad_rows(q[q0:q1].float()), k) * sm_scale
+        sc = sc.masked_fill(~pad_rows(mask, True).to(q.device)[None], float("-inf"))
         p = torch.softmax(sc, -1)
-        out[q0:q1] = torch.einsum("htn,nhd->thd", p, v)
+        out[q0:q1] = torch.einsum("htn,nhd->thd", p, v)[:qlen]
     return out.to(torch.bfloat16)
 
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
+from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
 from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
@@ -215,7 +216,7 @@ def fp8_gemv_ref(x, weight, weight_scale, fusion: Fusion = NO_FUSION) -> torch.T
         x = torch.cat([add_rms_norm_ref(x[:, i * seg:(i + 1) * seg], None,
                                         f.norm[i * seg:(i + 1) * seg], f.eps)[1]
                        for i in range(f.norm_segments)], 1)
-    y = (x.float() @ fp8_dequantize_ref(weight, weight_scale).T).to(torch.bfloat16)
+    y = linear_rows(x.float(), fp8_dequantize_ref(weight, weight_scale)).to(torch.bfloat16)
     if f.act == "swiglu":
         return F.silu(y[:, 0::2]) * y[:, 1::2]
     if f.residual is not None:

@@ -19,6 +19,7 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
+from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
 
 ROWS = 16
@@ -107,7 +108,7 @@ def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.const
 
 def moe_route_ref(x, router_weight, top_k: int, renormalize: bool = True):
     """Torch reference: (ids int32 [M, k], weights fp32 [M, k]); stable ties (lower index)."""
-    p = torch.softmax(x.float() @ router_weight.float().T, -1)
+    p = torch.softmax(linear_rows(x.float(), router_weight.float()), -1)
     order = torch.sort(-p, dim=-1, stable=True).indices[:, :top_k]
     w = torch.gather(p, 1, order)
     if renormalize:

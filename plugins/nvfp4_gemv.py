@@ -23,6 +23,7 @@ import torch
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
 from ._common import pdl_enter, pdl_release
+from ._rows import linear_rows
 from ._gemv_fusion import _col_rstd, tile_rstds
 from .add_rms_norm import add_rms_norm_ref
 
@@ -203,7 +204,7 @@ def nvfp4_gemv_ref(x, weight, weight_scale, weight_scale_2, norm=None, eps: floa
     if norm is not None:
         x = add_rms_norm_ref(x, None, norm, eps)[1]
     w = nvfp4_dequantize_ref(weight, weight_scale, weight_scale_2)
-    return (x.float() @ w.T).to(torch.bfloat16)
+    return linear_rows(x.float(), w).to(torch.bfloat16)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::nvfp4_gemv", mutates_args=())

@@ -19,6 +19,7 @@ import torch
 
 from ._common import (NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl)
 from ._common import pdl_enter, pdl_release
+from ._rows import linear_rows
 
 HEAD_DIM = 128
 Q_ROWS = 16   # query heads per program (tl.dot's smallest M); 20 heads -> 2 programs per token
@@ -148,8 +149,8 @@ def dequantize_int4_ref(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor
 
 def qk_norm_fold_int4_ref(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta, v_meta, eps):
     """Plain-torch reference of :func:`qk_norm_fold_int4` (same arguments, same effects)."""
-    q_out = (rms(q, eps) @ m_q.float().T).to(torch.bfloat16)
-    k_rot = rms(k, eps) @ m_k.float().T
+    q_out = linear_rows(rms(q, eps), m_q.float()).to(torch.bfloat16)
+    k_rot = linear_rows(rms(k, eps), m_k.float())
     kc, kmeta = quantize_int4_ref(k_rot)
     vc, vmeta = quantize_int4_ref(v.float())
     keep = slot_mapping >= 0

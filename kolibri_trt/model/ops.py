@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
+from kolibri_trt_plugins._rows import linear_rows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -113,24 +113,11 @@ def causal_ranges(q_pos: torch.Tensor, k_start: int, window: int | None) -> list
     return out
 
 
-ROW_MULTIPLE = 8  # CPU fp32 GEMMs take other kernels for 1-3, 5-7, 9-11 rows (torch 2.13)
-
-
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w^T, row-invariant: a row's result does not depend on how many rows share the call.
-
-    x: [..., K]; w: [N, K] (same dtype). Measured on CPU with torch 2.13: fp32 GEMM gives
-    bit-identical rows for 4, 8 and >= 12 rows but not for 1-3, 5-7 or 9-11 (other kernels);
-    padding the rows with zeros to a multiple of 8 makes every row count agree.
-    `tests/test_model_reference.py` checks the property on the machine it runs on.
-    """
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    n = x2.shape[0]
-    pad = -n % ROW_MULTIPLE
-    if pad:
-        x2 = torch.cat([x2, x2.new_zeros(pad, shape[-1])])
-    return F.linear(x2, w)[:n].reshape(*shape[:-1], w.shape[0])
+    """x @ w^T, row-invariant: a row's result does not depend on how many rows share the call
+    (`kolibri_trt_plugins._rows.linear_rows`: rows padded to a multiple of 8; measured on CPU).
+    x: [..., K]; w: [N, K] (same dtype). `tests/test_model_reference.py` checks the property."""
+    return linear_rows(x, w)
 
 
 def route_topk(router_logits: torch.Tensor, k: int, normalize: bool
