@@ -45,6 +45,34 @@ def test_threads_and_asyncio_get_offline_tokens(llm):
         loop.close()
 
 
+def test_a_consumer_behind_the_engine_gets_every_step(llm):
+    """The engine thread may finish a request before its consumer reads the first step: every
+    queued step keeps its own `finished`, so none is dropped (a server once ended such a
+    stream at its first step, whose shared RequestOutput already read finished)."""
+    params = SamplingParams(max_tokens=6, temperature=0.8, seed=5, ignore_eos=True)
+    offline = llm.generate(PROMPTS[:1], params)[0].token_ids
+    loop = EngineLoop(llm.engine)
+    try:
+        items: list = []
+        done = threading.Event()
+
+        def slow_consumer(item):   # on the engine thread: keep everything, read it later
+            items.append(item)
+            if item.finished:
+                done.set()
+        loop.submit(PROMPTS[0], params, slow_consumer)
+        assert done.wait(120)
+        assert len(items) > 1 and items[0].output.finished and not items[0].finished
+        got = []
+        for item in items:
+            got += item.new_token_ids
+            if item.finished:
+                break
+        assert got == offline
+    finally:
+        loop.close()
+
+
 def test_abandoned_async_stream_is_aborted_and_frees_blocks(llm):
     loop = EngineLoop(llm.engine)
     try:

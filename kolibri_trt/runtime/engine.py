@@ -43,12 +43,15 @@ CHAIN_AFTER_COPY = True   # chained rounds after copy-drafted steps too (`chain_
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step did for one request: the tokens it committed and the text they freed."""
+    """What one step did for one request: the tokens it committed and the text they freed.
+    `finished`: the request ended at this step. Later steps keep updating `output`, so a
+    consumer on another thread must test `finished`, not `output.finished`."""
 
     request_id: str
     new_token_ids: list[int]
     delta_text: str
     output: RequestOutput
+    finished: bool
 
 
 def _check_device(device: str | torch.device) -> torch.device:
@@ -250,7 +253,7 @@ class LLMEngine:
             step = self._commit(seq, verdict.tokens)
             self._record(step, sources[:len(d)], verdict.num_accepted)
             self.speculator.record_outcome(rid, sources[:len(d)], verdict.num_accepted)
-            if not step.output.finished:
+            if not step.finished:
                 seq.num_computed += verdict.num_accepted
                 self._observe(seq, item.start, taps, first,
                               item.num_tokens + verdict.num_accepted, step.new_token_ids, dst)
@@ -357,7 +360,7 @@ class LLMEngine:
             self.scheduler.finish(seq)
             self.speculator.drop(seq.request_id)
             del self.requests[seq.request_id]
-        return StepOutput(seq.request_id, committed, delta, out)
+        return StepOutput(seq.request_id, committed, delta, out, proc.finish_reason is not None)
 
     @torch.no_grad()
     def score(self, token_ids: list[int]) -> torch.Tensor:

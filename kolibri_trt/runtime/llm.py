@@ -71,7 +71,7 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for step in self.engine.step():
-                if step.output.finished:
+                if step.finished:
                     done[step.request_id] = step.output
         return [done[i] for i in ids]
 
@@ -93,7 +93,7 @@ class LLM:
                 if step.request_id == rid:
                     if step.delta_text:
                         yield step.delta_text
-                    finished = step.output.finished
+                    finished = step.finished
 
 
 def _make_engine(engine_dir, speculative: str, args: EngineArgs, device: str,

@@ -81,7 +81,7 @@ class EngineLoop:
             if isinstance(item, BaseException):
                 raise item
             yield item
-            if item.output.finished:
+            if item.finished:
                 return
 
     async def astream(self, prompt: str | list[int], params: SamplingParams,
@@ -97,7 +97,7 @@ class EngineLoop:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                done = item.output.finished
+                done = item.finished
                 yield item
         finally:
             if not done:
@@ -123,7 +123,7 @@ class EngineLoop:
                 continue
             for step in steps:
                 cb = self._callbacks.get(step.request_id)
-                if step.output.finished:
+                if step.finished:
                     self._callbacks.pop(step.request_id, None)
                 if cb is not None:
                     self._deliver(step.request_id, cb, step)

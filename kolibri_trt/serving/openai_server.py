@@ -128,7 +128,7 @@ class _Submission:
         if self.first_token_at is None and step.new_token_ids:
             self.first_token_at = now
             self.metrics.ttft.observe(now - self.arrival)
-        if step.output.finished:
+        if step.finished:
             self.metrics.latency.observe(now - self.arrival)
             self._end(step.output.finish_reason)
 
@@ -187,7 +187,7 @@ async def _events(sub: _Submission, builder: ResponseBuilder, include_usage: boo
         yield _sse(builder.role_chunk())
     try:
         async for step in sub.steps():
-            out = step.output if step.output.finished else None
+            out = step.output if step.finished else None
             ids = step.new_token_ids if builder.return_token_ids else []
             if step.delta_text or ids or out is not None:
                 yield _sse(builder.chunk(step.delta_text, ids, out))

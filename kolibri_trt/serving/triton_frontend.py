@@ -266,7 +266,7 @@ class TritonFrontEnd:
             self.loop.abort(rid)
             self._finish(rid, None, None)
             return
-        if out.finished:
+        if item.finished:
             text = item.delta_text if stream else out.text
             self._finish(rid, output_tensors(text, out.finish_reason, out.metrics.spec), None)
         elif stream and item.delta_text:
