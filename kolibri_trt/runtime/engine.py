@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from .engine_args import ACCEPTANCE_METHODS, MODEL_IMPLS, EngineArgs  # noqa: F4
 from .engine_loader import Manifest, load_drafter, load_target
 from .kv_cache import KVCache, plan_cache  # noqa: F401 (plan_cache re-exported)
 from .model_runner import ModelRunner
-from .output import OutputProcessor, RequestOutput
+from .output import OutputProcessor, RequestOutput, StepOutput
 from .plugin_loader import load_plugin_target
 from .scheduler import BlockManager, ScheduledSeq, Scheduler
 from .sequence import Sequence
@@ -39,19 +38,6 @@ from .step_verification import TokenReader, verify_step
 
 
 CHAIN_AFTER_COPY = True   # chained rounds after copy-drafted steps too (`chain_items`)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """What one step did for one request: the tokens it committed and the text they freed.
-    `finished`: the request ended at this step. Later steps keep updating `output`, so a
-    consumer on another thread must test `finished`, not `output.finished`."""
-
-    request_id: str
-    new_token_ids: list[int]
-    delta_text: str
-    output: RequestOutput
-    finished: bool
 
 
 def _check_device(device: str | torch.device) -> torch.device:

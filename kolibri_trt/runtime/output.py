@@ -59,6 +59,19 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step did for one request: the tokens it committed and the text they freed.
+    `finished`: the request ended at this step. Later steps keep updating `output`, so a
+    consumer on another thread must test `finished`, not `output.finished`."""
+
+    request_id: str
+    new_token_ids: list[int]
+    delta_text: str
+    output: RequestOutput
+    finished: bool
+
+
 class OutputProcessor:
     """Applies one request's stop rules token by token and produces text deltas."""
 
