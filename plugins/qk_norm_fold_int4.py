@@ -135,8 +135,15 @@ def int4_rows(slots: torch.Tensor, hkv: int, block: int) -> torch.Tensor:
 def int4_value_codes(v_codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The value codes of slots int64 [n] from dim-major pages v_codes uint8 [num_blocks, Hkv,
     64, BLOCK]: uint8 [n, Hkv, 64] (byte i of head h at v_codes[slot // BLOCK, h, i, slot %
-    BLOCK]). A view of the same bytes for writes: ``v_codes.transpose(2, 3)`` [.., BLOCK, 64]."""
+    BLOCK])."""
     return v_codes.transpose(2, 3)[slots // v_codes.shape[3], :, slots % v_codes.shape[3]]
+
+
+def set_int4_value_codes(v_codes: torch.Tensor, slots: torch.Tensor,
+                         codes: torch.Tensor) -> None:
+    """Write codes uint8 [n, Hkv, 64] at slots int64 [n] of dim-major v_codes (in place; the
+    inverse of `int4_value_codes`)."""
+    v_codes.transpose(2, 3)[slots // v_codes.shape[3], :, slots % v_codes.shape[3]] = codes
 
 
 def dequantize_int4_ref(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
@@ -158,7 +165,7 @@ def qk_norm_fold_int4_ref(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_m
     rows = int4_rows(slots, k_codes.shape[1], k_codes.shape[2])
     for cache, val in ((k_codes, kc), (k_meta, kmeta), (v_meta, vmeta)):
         cache.view(-1, cache.shape[-1])[rows] = val[keep]
-    v_codes.transpose(2, 3)[slots // v_codes.shape[3], :, slots % v_codes.shape[3]] = vc[keep]
+    set_int4_value_codes(v_codes, slots, vc[keep])
     return q_out
 
 

@@ -17,7 +17,8 @@ import torch
 
 from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write
 from kolibri_trt_plugins.qk_norm_fold_int4 import (dequantize_int4_ref, int4_rows,
-                                                   int4_value_codes, quantize_int4_ref)
+                                                   int4_value_codes, quantize_int4_ref,
+                                                   set_int4_value_codes)
 
 from ..config import KolibriConfig
 
@@ -104,13 +105,12 @@ class KVCache:
         t, fmt = self.layers[layer], self.format(layer)
         if fmt in INT4_FULL:
             rows = self._int4_rows(t, slots)
-            bs = t["v_codes"].shape[3]
             for name, x in (("k", k), ("v", v)):
                 codes, meta = quantize_int4_ref(x.float())
                 if name == "k":
                     t["k_codes"].view(-1, codes.shape[-1])[rows] = codes
-                else:   # dim-major value pages (int4_value_codes)
-                    t["v_codes"].transpose(2, 3)[slots // bs, :, slots % bs] = codes
+                else:   # dim-major value pages
+                    set_int4_value_codes(t["v_codes"], slots, codes)
                 t[f"{name}_meta"].view(-1, 2)[rows] = meta
         elif fmt == "fp8":
             fp8_kv_write(k, v, slots, t["k"], t["v"], t["k_scale"], t["v_scale"])
