@@ -59,7 +59,7 @@ PRESETS["int4_attn"] = ("int4_paged_attention", "_int4_attn_kernel", dict(
     seq_ptr="*i32", cuq_ptr="*i32", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32",
     qk_scale="fp32", HQ="i32", HKV="i32", G="i32", S="i32", RT="i32", bt_stride="i32",
     window="i32", BLOCK=64, PART=512, BLOCK_M=8, BLOCK_N=32, D=128, USE_ASM=True,
-    DOT_F32=False, MASK_FREE=True, DEFER_SUMS=2),
+    DOT_F32=False, MASK_FREE=True, DEFER_SUMS=True),
     ("q_ptr", "kc_ptr", "vc_ptr", "km_ptr", "vm_ptr", "bt_ptr", "seq_ptr", "cuq_ptr", "m_ptr",
      "l_ptr", "acc_ptr", "bt_stride"))
 PRESETS["fp8_attn"] = ("fp8_paged_attention", "_fp8_attn_kernel", dict(

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""INT4 paged attention: the plugin's settings against DEFER_SUMS 0 (v5's bits) and FP8
+"""INT4 paged attention: the plugin's settings against DEFER_SUMS False (v5's bits) and FP8
 full-causal attention, at 32k. One call:
 
     python3 bench/int4_attn_ab.py [--budget SECONDS]
 
 Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at
-B = 16, of 4 at B = 1 and 64): the plugin with DEFER_SUMS 0 (the column sums per tile: v5's
-bits, checked against a frozen v5 on the H200 in bench/results/h200-2026-12-01a/ne/, last at
-b1a107c), at its defaults, with DEFER_SUMS 1, and with 16-row decode programs (the same bits as
-8-row ones). Token-major value pages (the V_T variant of nh/, last at 96e0b6f) are gone. Each output is compared with the DEFER_SUMS 0 one (``bits equal`` or the relative
+B = 16, of 4 at B = 1 and 64): the plugin with DEFER_SUMS False (the column sums per tile:
+v5's bits, checked against a frozen v5 on the H200 in bench/results/h200-2026-12-01a/ne/, last
+at b1a107c), at its defaults, and with 16-row decode programs (the same bits as 8-row ones).
+Each output is compared with the DEFER_SUMS False one (``bits equal`` or the relative
 difference) and with the defaults'. Then gpu_check's INT4 attention cases under the defaults.
-Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log.
+Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log. Earlier variants (token-major value
+pages, V_T, last at 96e0b6f; per-key sums, last at 1b995b7): results nh/, ne/.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ OUT = pathlib.Path(os.environ.get("OUT", "/tmp"))
 LOG: list[str] = []
 CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8), (1, 4), (64, 4)]  # (B, q)
 # name -> (module settings, launch-option overrides for both row tiles)
-VARIANTS = {"defaults": ({}, {}), "defer 1": ({"DEFER_SUMS": 1}, {}),
+VARIANTS = {"defaults": ({}, {}),
             "16-row decode": ({"ROWS_DECODE": 16}, {})}
-REFERENCE = {"DEFER_SUMS": 0}   # v5's bits
+REFERENCE = {"DEFER_SUMS": False}   # v5's bits
 
 
 def say(msg: str) -> None:

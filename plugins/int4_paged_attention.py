@@ -45,12 +45,12 @@ MASK_FREE = True  # tiles that every row sees fully skip the visibility mask (fu
 # same bits; H200 32k B=16 133.6 -> 131.7 µs, bench/results/h200-2026-11-30g/zk/)
 # num_stages 5: two code buffers (2-4 compile to one, the page lookup takes a stage); one warp
 # per program: the column max/sum stay in the warp (no barriers), more programs per SM.
-DEFER_SUMS = 2  # the column sums of p and p·offset: 0 per tile (shuffles in every tile's chain);
-# 1 per key [BLOCK_N, rows]; 2 per key group [8, rows] (a thread's keys of the MMA's output summed
-# in registers). 1 and 2 reduce over keys once per program (new bits; a row's bits still do not
-# depend on 8- or 16-row programs). H200 32k, 0 -> 2: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 /
-# 110.0 / 416.8 -> 20.0 / 32.0 / 105.2 / 390.8 µs, verification of 4 tokens at B=16 266.1 ->
-# 260.0 (bench/results/h200-2026-12-01a/ne/). Mode 1 spilled in 16-row programs.
+DEFER_SUMS = True  # the column sums of p and p·offset: False per tile (shuffles in every tile's
+# chain); True per key group [8, rows] (a thread's keys of the MMA's output summed in registers),
+# reduced over keys once per program (new bits; a row's bits still do not depend on 8- or 16-row
+# programs). H200 32k, False -> True: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 / 110.0 / 416.8 ->
+# 20.0 / 32.0 / 105.2 / 390.8 µs, 4 tokens at B=16 266.1 -> 260.0 (bench/results/
+# h200-2026-12-01a/ne/). Per-key sums [BLOCK_N, rows] (removed) spilled in 16-row programs.
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -142,23 +142,18 @@ def _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE
 @jit
 def _softmax_cols(sc, vo, m_i, l_i, acc_c, BLOCK_N: tl.constexpr, DEFER_SUMS: tl.constexpr):
     """Online-softmax step over the columns of sc [BLOCK_N keys, rows] (log2 units, -inf:
-    masked): returns (m_new, alpha, p [BLOCK_N, rows], l, acc_c), acc_c += Σ p·offset. DEFER_SUMS
-    0: l, acc_c [rows], summed over keys here (shuffles in every tile's chain); 1: [BLOCK_N,
-    rows] per key; 2: [8, rows] per group of keys k + 8·i (one thread's rows of the MMA's output
-    layout, summed in registers). 1 and 2 leave the sum over keys to the caller, once."""
+    masked): returns (m_new, alpha, p [BLOCK_N, rows], l, acc_c), acc_c += Σ p·offset.
+    DEFER_SUMS False: l, acc_c [rows], summed over keys here (shuffles in every tile's chain);
+    True: [8, rows] per group of keys k + 8·i (one thread's rows of the MMA's output layout,
+    summed in registers), the sum over keys left to the caller, once per program."""
     if DEFER_SUMS:
         m_new = tl.maximum(m_i, tl.max(sc, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         pr = tl.exp2(sc - m_safe[None, :])
+        l_i = l_i * alpha[None, :] + tl.sum(tl.reshape(pr, (BLOCK_N // 8, 8, pr.shape[1])), 0)
         pc = pr * vo[:, None]
-        if DEFER_SUMS == 2:
-            pr_g = tl.sum(tl.reshape(pr, (BLOCK_N // 8, 8, pr.shape[1])), 0)
-            pc = tl.sum(tl.reshape(pc, (BLOCK_N // 8, 8, pc.shape[1])), 0)
-        else:
-            pr_g = pr
-        l_i = l_i * alpha[None, :] + pr_g
-        acc_c = acc_c * alpha[None, :] + pc
+        acc_c = acc_c * alpha[None, :] + tl.sum(tl.reshape(pc, (BLOCK_N // 8, 8, pc.shape[1])), 0)
     else:
         m_new, alpha, pr, l_i = softmax_step_cols(sc, m_i, l_i)
         acc_c = acc_c * alpha + tl.sum(pr * vo[:, None], 0)
@@ -231,8 +226,8 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
         q_o = q_o.to(tl.float32)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     if DEFER_SUMS:
-        l_i = tl.zeros([BLOCK_N if DEFER_SUMS == 1 else 8, ROWS], tl.float32)
-        acc_c = tl.zeros([BLOCK_N if DEFER_SUMS == 1 else 8, ROWS], tl.float32)
+        l_i = tl.zeros([8, ROWS], tl.float32)
+        acc_c = tl.zeros([8, ROWS], tl.float32)
     else:
         l_i = tl.zeros([ROWS], tl.float32)
         acc_c = tl.zeros([ROWS], tl.float32)
