@@ -141,7 +141,8 @@
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
 #   PART=nj bash bench/gpu_session.sh   (~7 min, no engine) the BLOCK 16 value path of 8cc5b7a:
-#       gpu_check fold,int4,fp8attn, the attention table (its blk=16 rows), whole steps
+#       gpu_check fold,int4,fp8attn, the attention table (its blk=16 rows), whole steps,
+#       Nsight Compute on INT4 attention with 16-token pages at B=16, 32k
 #   PART=ni bash bench/gpu_session.sh   (~5 min, engine carry-b) after a change to the INT4 cache:
 #       gpu_check fold,int4,fp8attn, gpu_runtime and gpu_drafter graphs on the trained default,
 #       bench/plugins.py --only study,attn,fold, bench/int4_attn_ab.py
@@ -262,6 +263,8 @@ case "${PART:-}" in
     step plugins 100 python3 bench/plugins.py --only attn --csv "$OUT/plugins.csv"
     unset KOLIBRI_PDL     # the default (2) for whole steps
     step fullsize 240 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 170
+    export KOLIBRI_PDL=0
+    ncuprof int4_b16_blk16 _int4_attn_kernel 1
     pack nj
     ;;
   ni)

@@ -5,7 +5,7 @@
         python3 bench/ncu_targets.py TARGET
 
 TARGET is one of TARGETS (below): INT4 / FP8 full-causal attention at B=16, 32k (decode, and 4
-query tokens per stream for INT4), FP8 sliding-window attention (window 513) at B=1, moe_forward at
+query tokens per stream or 16-token pages for INT4), FP8 sliding-window attention (window 513) at B=1, moe_forward at
 one token, the NVFP4 LM head at one row and qk_norm_fold_int4 at one token. Each runs WARM + 3
 launches eagerly (no CUDA graph: ncu profiles launch by launch) with the inputs bench/plugins.py
 uses (random codes, random paged tables). `bench/gpu_session.sh` part `na` runs every target and
@@ -38,19 +38,19 @@ DEV, HQ, HKV, BLK, CTX = "cuda", 20, 4, 64, 32768
 LAUNCHES = 5   # ncu skips the first 2 (compilation, first touch) and profiles the next
 
 
-def attn_call(kind: str, B: int, q_len: int, window: int = 0):
+def attn_call(kind: str, B: int, q_len: int, window: int = 0, block: int = BLK):
     sl = torch.full((B,), CTX, dtype=torch.int32, device=DEV)
     cu = torch.arange(0, B + 1, dtype=torch.int32, device=DEV) * q_len
-    bt, nb = PT.paged_tables(B, CTX, BLK)
+    bt, nb = PT.paged_tables(B, CTX, block)
     q = torch.randn((B * q_len, HQ, 128), device=DEV).bfloat16()
     if kind == "int4":
         kc, vc = [torch.randint(0, 256, shape, dtype=torch.uint8, device=DEV)   # values dim-major
-                  for shape in ((nb, HKV, BLK, 64), (nb, HKV, 64, BLK))]
-        km, vm = [torch.stack([torch.rand((nb, HKV, BLK), device=DEV) * 0.3 + 0.01,
-                               -torch.rand((nb, HKV, BLK), device=DEV)], -1).half()
+                  for shape in ((nb, HKV, block, 64), (nb, HKV, 64, block))]
+        km, vm = [torch.stack([torch.rand((nb, HKV, block), device=DEV) * 0.3 + 0.01,
+                               -torch.rand((nb, HKV, block), device=DEV)], -1).half()
                   for _ in range(2)]
         return lambda: int4_paged_attention(q, kc, vc, km, vm, bt, sl, cu, CTX, q_len)
-    kf, vf = [torch.randn((nb, BLK, HKV, 128), device=DEV).to(PT.E4M3) for _ in range(2)]
+    kf, vf = [torch.randn((nb, block, HKV, 128), device=DEV).to(PT.E4M3) for _ in range(2)]
     one = torch.ones(1, device=DEV)
     return lambda: fp8_paged_attention(q, kf, vf, one, one, bt, sl, cu, CTX, q_len, window=window)
 
@@ -84,6 +84,7 @@ TARGETS = {  # name -> (kernel-name regex for ncu, builder)
     "int4_b1": ("_int4_attn_kernel", lambda: attn_call("int4", 1, 1)),
     "int4_b16": ("_int4_attn_kernel", lambda: attn_call("int4", 16, 1)),
     "int4_b16_q4": ("_int4_attn_kernel", lambda: attn_call("int4", 16, 4)),
+    "int4_b16_blk16": ("_int4_attn_kernel", lambda: attn_call("int4", 16, 1, block=16)),
     "fp8_b16": ("_fp8_attn_kernel", lambda: attn_call("fp8", 16, 1)),
     "sliding_b1": ("_fp8_attn_kernel", lambda: attn_call("fp8", 1, 1, window=513)),
     "moe_m1": ("_moe_expert_kernel", lambda: moe_call(1)),
