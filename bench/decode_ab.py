@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Weight decode with the conversion unit (DECODE 1) against integer bit placement (DECODE 2),
+"""Two weight decodes against each other (DECODE A and B; by default the e4m3 kernels' bit
+placement 2 against its shorter form 3, and nvfp4's conversion unit 1 against bit placement 2),
 H200, full Kolibri-1 shapes, one call:
 
-    python3 bench/decode_ab.py [--out DIR]
+    python3 bench/decode_ab.py [--out DIR] [--only fp8_gemv,moe,nvfp4] [--modes 2,3]
 
 fp8_gemv (QKV 3584x2560 and o_proj 2560x2560, per-tensor scale; M = 1, 16, 64), moe_forward
 (E = 256, top-6, H = 2560, I = 768 + shared; M = 1, 4, 16, 64) and nvfp4_gemv (e2m1 decode: via
 e4m3 and the conversion unit, or bit placement; the LM head 131072x2560 at M = 1, 16, 64 and the
-drafter head 60614x2560 at M = 1, 16); `--only` picks among them. Each at DECODE 1, then 2, then 1
+drafter head 60614x2560 at M = 1, 16); `--only` picks among them. Each at DECODE A, then B, then A
 again (the first and last bracket drifts of the clock), timed as bench/plugins.py (one CUDA
-graph over rotated input sets, median of 5 x 20 replays). Outputs must be bit-identical across
-the two (plugins/_e4m3_decode.py); the exit code says whether they were. At 7a98413 it also
+graph over rotated input sets, median of 5 x 20 replays). `--modes A,B` applies to fp8_gemv and
+moe (plugins/_e4m3_decode.py: 1 conversion unit, 2 bit placement, 3 bit placement with the sign
+by prmt's sign replication); nvfp4 compares 1 and 2. Outputs must be bit-identical across the
+two; the exit code says whether they were. At 7a98413 it also
 compared nvfp4_gemv's byte-table decode, since removed (bench/results/h200-2026-11-30k/kd/).
 """
 
@@ -38,29 +41,42 @@ from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 MODS = {name: importlib.import_module(f"kolibri_trt_plugins.{name}")
         for name in ("fp8_gemv", "moe_experts", "nvfp4_gemv")}
 KERNELS = ("fp8_gemv", "moe", "nvfp4")
-ORDER = (1, 2, 1)
+E4M3_MODES = (1, 2, 3)   # plugins/_e4m3_decode.py
+NVFP4_MODES = (1, 2)
 
 
-def ab(label: str, mod: str, calls, nbytes: float, rows: list) -> None:
-    """Time `calls` (zero-arg callables, one per input set) under DECODE 1, 2, 1 and compare
-    the first call's output bits between the two decodes."""
+def ab(label: str, mod: str, calls, nbytes: float, rows: list, modes=NVFP4_MODES) -> None:
+    """Time `calls` (zero-arg callables, one per input set) under DECODE a, b, a (modes = (a, b))
+    and compare the first call's output bits between the two decodes."""
+    a, b = modes
     saved = MODS[mod].DECODE
     outs, times = {}, []
     try:
-        for d in ORDER:
+        for d in (a, b, a):
             MODS[mod].DECODE = d
             outs.setdefault(d, calls[0]())
             times.append(PT.time_calls(calls))
     finally:
         MODS[mod].DECODE = saved
-    same = torch.equal(outs[1], outs[2])
+    same = torch.equal(outs[a], outs[b])
     one = min(times[0], times[2])
     pct = [100 * nbytes / (us * 1e-6) / PT.BW for us in (one, times[1])]
-    rows.append(dict(case=label, us_decode1=one, us_decode2=times[1], MB=nbytes / 1e6,
-                     pct1=pct[0], pct2=pct[1], bits_equal=same))
-    print(f"{label:34s} DECODE 1 {times[0]:8.1f} / {times[2]:8.1f} us  DECODE 2 {times[1]:8.1f} us"
-          f"  ({one / times[1]:4.2f}x)  {nbytes / times[1] / 1e6:5.2f} TB/s "
+    rows.append(dict(case=label, modes=[a, b], us_a=one, us_b=times[1], MB=nbytes / 1e6,
+                     pct_a=pct[0], pct_b=pct[1], bits_equal=same))
+    print(f"{label:34s} DECODE {a} {times[0]:8.1f} / {times[2]:8.1f} us  DECODE {b} "
+          f"{times[1]:8.1f} us  ({one / times[1]:4.2f}x)  {nbytes / times[1] / 1e6:5.2f} TB/s "
           f"{pct[1]:5.1f}%  bits equal: {same}", flush=True)
+
+
+def parse_modes(text: str) -> tuple[int, int]:
+    """'A,B' -> (A, B), two distinct modes of E4M3_MODES; SystemExit naming the bad value."""
+    try:
+        modes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--modes: {text!r} is not two integers A,B") from None
+    if len(modes) != 2 or modes[0] == modes[1] or set(modes) - set(E4M3_MODES):
+        raise SystemExit(f"--modes: {text!r}; want two distinct of {E4M3_MODES}")
+    return modes
 
 
 def nvfp4_cases(rows: list) -> None:
@@ -80,7 +96,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--only", default=",".join(KERNELS), help=f"comma list of {KERNELS}")
+    ap.add_argument("--modes", default="2,3", help="A,B: the e4m3 decodes of fp8_gemv and moe")
     a = ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
+    modes = parse_modes(a.modes)
     only = a.only.split(",")
     if set(only) - set(KERNELS):
         raise SystemExit(f"--only: unknown {sorted(set(only) - set(KERNELS))}; "
@@ -95,14 +113,14 @@ def main() -> int:
         for m in (1, 16, 64):
             x = torch.randn((m, k), device=PT.DEV).bfloat16()
             ab(f"fp8_gemv {name} M={m}", "fp8_gemv",
-               [lambda w=w: fp8_gemv(x, *w) for w in ws], n * k + m * (n + k) * 2, rows)
+               [lambda w=w: fp8_gemv(x, *w) for w in ws], n * k + m * (n + k) * 2, rows, modes)
     if "moe" in only:
         wts = PT.moe_weights(256, 2560, 768)
         for m in (1, 4, 16, 64):
             xs = [torch.randn((m, 2560), device=PT.DEV).bfloat16() for _ in range(8)]
             ab(f"moe_forward M={m}", "moe_experts",
                [lambda x=x: moe_forward(x, *wts, top_k=6) for x in xs],
-               moe_bytes(xs, wts[0], 256, 2560, 768, 6), rows)
+               moe_bytes(xs, wts[0], 256, 2560, 768, 6), rows, modes)
         wts.clear()   # free the MoE weights (the lambdas above ran already)
     if "nvfp4" in only:
         nvfp4_cases(rows)

@@ -140,6 +140,8 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nk bash bench/gpu_session.sh   (~3 min, no engine) bench/decode_ab.py: the e4m3 decode 3
+#       (prmt sign replication) against 2 in fp8_gemv and the MoE, timings and bit equality
 #   PART=nj bash bench/gpu_session.sh   (~7 min, no engine) the BLOCK 16 value path of 8cc5b7a:
 #       gpu_check fold,int4,fp8attn, the attention table (its blk=16 rows), whole steps,
 #       Nsight Compute on INT4 attention with 16-token pages at B=16, 32k
@@ -257,6 +259,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nk)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step decode 240 python3 bench/decode_ab.py --only fp8_gemv,moe --modes 2,3
+    pack nk
+    ;;
   nj)
     step check 90 python3 bench/gpu_check.py --only fold,int4,fp8attn
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

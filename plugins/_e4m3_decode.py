@@ -28,6 +28,15 @@ def e4m3_to_bf16(w, DECODE: tl.constexpr):
     """float8e4nv tensor -> bf16 tensor, exactly: DECODE 2 with the PTX below, else Triton's
     conversion (1; also the interpreter's path). NaN codes (0x7F, 0xFF) are not handled by
     DECODE 2; FP8 weights never hold them."""
+    if DECODE == 3:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 r, z, k; mov.b32 z, 0; mov.b32 k, 0x7B807B80; "
+            "prmt.b32 r, $2, z, 0x9180; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
+            "mul.rn.bf16x2 $0, r, k; "
+            "prmt.b32 r, $2, z, 0xB3A2; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
+            "mul.rn.bf16x2 $1, r, k; }",
+            "=r,=r,r", [w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True,
+            pack=4)
     if DECODE == 2:
         return tl.inline_asm_elementwise(
             "{ .reg .b32 m, r, q, z, s, k; mov.b32 z, 0; mov.b32 s, 0x80008000; "
