@@ -22,6 +22,8 @@ They are all importable from here as before (``gpu_check.load_plugins``, ``.RESU
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import pathlib
 import sys
 import time
@@ -106,12 +108,31 @@ SECTIONS = {
 }
 
 
+def apply_settings(pairs: list[str]) -> None:
+    """--set MODULE.NAME=VALUE: a plugin module's setting (kolibri_trt_plugins.MODULE.NAME, which
+    must exist) to a Python literal, before any check runs. SystemExit naming the bad pair."""
+    for pair in pairs:
+        target, _, text = pair.partition("=")
+        module, _, name = target.rpartition(".")
+        try:
+            mod = importlib.import_module(f"kolibri_trt_plugins.{module}")
+            if not name or not hasattr(mod, name):
+                raise AttributeError(name)
+            setattr(mod, name, ast.literal_eval(text))
+        except (ImportError, AttributeError, ValueError, SyntaxError) as exc:
+            raise SystemExit(f"--set {pair!r}: {exc!r}") from None
+        print(f"setting {module}.{name} = {getattr(mod, name)!r}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="a plugin module setting for this run, e.g. moe_experts.SWAP_ONE=True")
     args = ap.parse_args()
+    apply_settings(args.set)
     B.DEV = args.device   # the check modules read B.DEV / B.GRAPHS when they run
     B.GRAPHS = B.DEV == "cuda"
     if B.DEV == "cuda":

@@ -51,7 +51,13 @@ SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-DECODE = 2          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2 bit placement (_e4m3_decode)
+DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
+# SWAP_ONE: one row without a norm prologue computes y^T = W·x^T, the weight tile the MMA's A
+# operand and the row its N, in an 8-row tile (ROWS_ONE, the MMA's smallest N) instead of x·W^T
+# in a 16-row tile (plugins/moe_experts.py SWAP_ONE: no operand moves, half the HMMAs).
+SWAP_ONE = False
+ROWS_ONE = 8
+TUNE_ONE = dict(TUNE)   # launch config of the swapped one-row kernel
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
@@ -68,11 +74,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                      DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
                      NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
                      X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1,
-                     PDL: tl.constexpr = 0):
+                     SWAP: tl.constexpr = False, PDL: tl.constexpr = 0):
     """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
-    X_ROWS: x row ids[m] feeds output row m (`x_rows`)."""
+    X_ROWS: x row ids[m] feeds output row m (`x_rows`). SWAP (MT 1, NORM 0): the tile as
+    W·x^T (`_dot_swapped`)."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
@@ -80,7 +87,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     nmask = n < N
     n64 = n.to(tl.int64)
     rows = tl.arange(0, ROWS)
-    acc0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc0 = tl.zeros([BLOCK_N, ROWS] if SWAP else [ROWS, BLOCK_N], tl.float32)
     acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
@@ -105,8 +112,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             wb = tl.reshape(wf, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
         else:
             wb = e4m3_to_bf16(w, DECODE)
+        if SWAP:
+            acc0 = _dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m0 + rows, M, s_ids, sx_m, acc0,
+                                X_ROWS, DOT_F32)
         w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
-        for t in tl.static_range(MT):
+        for t in tl.static_range(0 if SWAP else MT):
             m = m0 + t * ROWS + rows
             xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
             xt = tl.load(x_ptr + xr[:, None] * sx_m + kx[None, :],
@@ -127,6 +137,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             else:
                 acc3 = tl.dot(xt, w_t, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
+    if SWAP:
+        acc0 = tl.trans(acc0)
     if SPLIT == 1:
         if MODE == 0:
             scale = tl.load(s_ptr)
@@ -146,6 +158,19 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
             tl.store(p_ptr + m[:, None].to(tl.int64) * N + n64[None, :], out,
                      mask=(m < M)[:, None] & nmask[None, :])
+
+
+@jit
+def _dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    """acc [BLOCK_N, ROWS] += W_tile · x^T: the decoded weights wb [BLOCK_N, BLOCK_K] as the MMA's
+    A operand, the rows m [ROWS] of x (columns kx) as its N."""
+    xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
+    xt = tl.load(x_ptr + xr[None, :] * sx_m + kx[:, None], mask=kmask[:, None] & (m < M)[None, :],
+                 other=0.0)
+    if DOT_F32:
+        return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
+    return tl.dot(wb, xt, acc)
 
 
 @jit
@@ -293,10 +318,12 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     y = torch.empty((M, N // 2 if code == 2 else N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
-    mt = min(MAX_TILES, cdiv(M, ROWS))
+    swap = SWAP_ONE and M == 1 and f.norm is None
+    rows = ROWS_ONE if swap else ROWS
+    mt = min(MAX_TILES, cdiv(M, rows))
     bn = block_n_for(N)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
-    grid = (cdiv(N, bn), cdiv(M, ROWS * mt))
+    grid = (cdiv(N, bn), cdiv(M, rows * mt))
     nseg = 0 if f.norm is None else f.norm_segments
     # no FMA contraction when fused: the fused steps keep torch's separate roundings
     extra = {} if f.plain else dict(enable_fp_fusion=False)
@@ -306,10 +333,10 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
             x.stride(0), 0 if f.residual is None else f.residual.stride(0),
             0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps))
     meta = dict(MODE=scale_mode(weight, weight_scale), BLOCK_N=bn, BLOCK_K=BLOCK_K,
-                SUB_K=SUB_K, ROWS=ROWS, MT=mt, DOT_F32=interpret, NORM=nseg,
-                DECODE=1 if interpret else DECODE,
+                SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
+                DECODE=1 if interpret else DECODE, SWAP=swap,
                 NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,
-                **extra, **TUNE)
+                **extra, **(TUNE_ONE if swap else TUNE))
     if split == 1:
         launch(_fp8_gemv_kernel, grid, *args[:3], y, *args[4:], ACT=code,
                RES=f.residual is not None, **meta)

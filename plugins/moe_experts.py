@@ -42,7 +42,16 @@ BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS F
 TILES_BY_TOKENS = True
 TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128))}  # gated?
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-DECODE = 2   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2 bit placement (_e4m3_decode)
+DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
+# SWAP_ONE: a one-token chunk computes out^T = W·x^T, the weight tile the MMA's A operand (gate
+# and up rows stacked in one [2·BLOCK_N, BLOCK_K] tile) and the token its N, in 8-token tiles
+# (ROWS_ONE, the MMA's smallest N), instead of x·W^T in 16-token tiles. AOT sm_90, loop
+# instructions per K step at one token: gate_up 287 -> 220, down 294 -> 227 (no operand moves,
+# half the HMMAs). Not at more tokens: a [64, 128] A tile with N 16 becomes a wgmma there, its
+# loop 291 -> 412 instructions.
+SWAP_ONE = False
+ROWS_ONE = 8
+TUNE_ONE = dict(TUNE)   # launch config of the swapped one-token kernel
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
@@ -102,7 +111,8 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
-               SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr):
+               SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr,
+               SWAP: tl.constexpr):
     """Row tile t (a compile-time constant) of one expert on this program's n-tile. Tile 0
     always has rows; a later tile first counts the expert's tokens and scans for its rows only
     when it has some (an expert rarely has more than 16 tokens: at 64 tokens most programs
@@ -112,14 +122,14 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
                                          ONE)
         _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
                    M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED, BLOCK_N,
-                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE)
+                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP)
     else:
         if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P) > t * ROWS:
             tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
                                              ROWS, ONE)
             _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                        t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
-                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE)
+                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP)
 
 
 @jit
@@ -127,7 +137,8 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK: tl.constexpr,
                GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                ROWS: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
-               DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr):
+               DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
+               SWAP: tl.constexpr):
     """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
     The K loop holds no branch, so Triton pipelines its loads (cp.async, 2 buffers at
     num_stages 3). With the row tiles inside the K loop (before 2026-11-30g) the branch around
@@ -140,6 +151,25 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
         k_hi = k_in
     else:
         k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
+    if SWAP:
+        g, up = _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED, BLOCK_N,
+                              BLOCK_K, ROWS, DOT_F32, DECODE)
+    else:
+        g, up = _plain_pass(a_ptr, wb, arow, valid, n, nmask, n_out, k_in, k_lo, k_hi, GATED,
+                            BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE)
+    if M_P > ROWS:  # several row tiles: the rows again (kept live across the loop they cost
+        #             registers: AOT sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
+        tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
+                                              ROWS)
+    _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
+                GATED, SPLIT)
+
+
+@jit
+def _plain_pass(a_ptr, wb, arow, valid, n, nmask, n_out, k_in, k_lo, k_hi, GATED: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+                DOT_F32: tl.constexpr, DECODE: tl.constexpr):
+    """g, up [ROWS, BLOCK_N] fp32 = x·W^T over K range [k_lo, k_hi): tokens as the MMA's M."""
     g = tl.zeros([ROWS, BLOCK_N], tl.float32)
     up = tl.zeros([ROWS, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -157,12 +187,38 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                          mask=wm, other=0.0)
             wu = tl.trans(wu.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wu, DECODE))
             up = tl.dot(xt, wu, up)
-    if M_P > ROWS:  # several row tiles: the rows again (kept live across the loop they cost
-        #             registers: AOT sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
-        tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
-                                              ROWS)
-    _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
-                GATED, SPLIT)
+    return g, up
+
+
+@jit
+def _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+                  DOT_F32: tl.constexpr, DECODE: tl.constexpr):
+    """g, up [ROWS, BLOCK_N] fp32 as `_plain_pass`, computed as W·x^T: the weight tile (gate
+    rows over up rows when GATED) is the MMA's A operand, the ROWS tokens its N."""
+    WR: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
+    rr = tl.arange(0, WR)
+    col = tl.program_id(0) * BLOCK_N + rr % BLOCK_N
+    wrow = (col + (rr >= BLOCK_N).to(tl.int32) * n_out).to(tl.int64)   # up rows follow gate's
+    wmask_n = col < n_out
+    acc = tl.zeros([WR, ROWS], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        kin = kx < k_in
+        w = tl.load(wb + wrow[:, None] * k_in + kx[None, :], mask=wmask_n[:, None] & kin[None, :],
+                    other=0.0)
+        w = w.to(tl.float32) if DOT_F32 else e4m3_to_bf16(w, DECODE)
+        xt = tl.load(a_ptr + arow[None, :] + kx[:, None], mask=kin[:, None] & valid[None, :],
+                     other=0.0)
+        if DOT_F32:
+            xt = xt.to(tl.float32)
+        acc = tl.dot(w, xt, acc)
+    if GATED:
+        g, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, ROWS]), [1, 2, 0]))
+    else:
+        g = acc
+        up = acc
+    return tl.trans(g), tl.trans(up)
 
 
 @jit
@@ -191,7 +247,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-          ONE: tl.constexpr):
+          ONE: tl.constexpr, SWAP: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per 16-row tile."""
     n_out = tl.where(is_shared, N_SH, N)
@@ -209,7 +265,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
         for t in tl.static_range(MT):
             _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
 
 
 @jit
@@ -220,7 +276,8 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
                        DECODE: tl.constexpr = 1, ONE: tl.constexpr = False,
-                       SHARED: tl.constexpr = True, PDL: tl.constexpr = 0):
+                       SHARED: tl.constexpr = True, SWAP: tl.constexpr = False,
+                       PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: unit 0 is the shared expert and unit u > 0 the
     (token, slot) pair r = u - 1 of ids (else r = u): the shared expert's programs, which
     pass over the weights once per 16 tokens, are the first the GPU starts (the grid's
@@ -241,7 +298,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
@@ -304,11 +361,13 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
     grid = (cdiv(max(n, n_sh_eff), bn), units)
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
-    meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=cdiv(M, ROWS),
-                M_P=max(16, next_pow2(M)), K_P=max(2, next_pow2(topk)),
+    swap = SWAP_ONE and M == 1
+    rows = ROWS_ONE if swap else ROWS
+    meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),
+                M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
-                interpret=interpret, **TUNE)
+                SWAP=swap, interpret=interpret, **(TUNE_ONE if swap else TUNE))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,

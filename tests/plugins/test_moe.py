@@ -3,10 +3,13 @@
 import pytest
 import torch
 
+import importlib
+
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
 from kolibri_trt_plugins.moe_route import moe_route, moe_route_ref
 
+ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 INTERP_TOL = 2e-2  # bf16 intermediate activation can round differently, then a bf16 output
 E, H, I_, IS, K = 8, 64, 32, 48, 2
 
@@ -72,8 +75,12 @@ def test_reference_against_dense():
     assert T.rel_err(out, y) < 1e-2  # bf16 output
 
 
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("M", [1, 3, 33, 70])
-def test_interpreter_matches_reference(interp, M):
+def test_interpreter_matches_reference(interp, monkeypatch, M, swap):
+    """Both operand orders of the expert GEMM at one token (moe_experts.SWAP_ONE: weights as the
+    MMA's A, the token as its N, 8-token tiles)."""
+    monkeypatch.setattr(ME, "SWAP_ONE", swap)
     g = T.gen(10 + M)
     wts = T.moe_weights(E, H, I_, IS if M != 3 else 0, g)
     x = T.randn((M, H), g)
