@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                    help="a plugin module setting for this run, e.g. moe_experts.SWAP_ONE=True")
+                    help="a plugin module setting for this run, e.g. moe_experts.SWAP_TOKENS=0")
     args = ap.parse_args()
     apply_settings(args.set)
     B.DEV = args.device   # the check modules read B.DEV / B.GRAPHS when they run

@@ -140,9 +140,12 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nm bash bench/gpu_session.sh   (~9 min, engine carry-b) the swapped small-batch FP8 GEMMs
+#       on by default: gpu_check of the FP8 GEMVs and the MoE, the trained default's gpu_runtime
+#       and gpu_drafter graphs, whole steps (fullsize decode, verify), bench/swap_ab.py
 #   PART=nl bash bench/gpu_session.sh   (~8 min, no engine) gpu_check of the FP8 GEMVs and the MoE
-#       (e4m3 decode 3), again with SWAP_ONE (weights as the MMA's A at one token), then
-#       bench/swap_ab.py (SWAP_ONE's settings against the defaults)
+#       in the 16-row form (SWAP_TOKENS / SWAP_ROWS 0; at 4d1292d: the one-token swap off) and
+#       with the defaults, then bench/swap_ab.py
 #   PART=nk bash bench/gpu_session.sh   (~3 min, no engine) bench/decode_ab.py: the e4m3 decode 3
 #       (prmt sign replication) against 2 in fp8_gemv and the MoE, timings and bit equality
 #   PART=nj bash bench/gpu_session.sh   (~7 min, no engine) the BLOCK 16 value path of 8cc5b7a:
@@ -262,10 +265,19 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  nl)
+  nm)
+    unpack carry-b
     step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,moe,splitk
-    step check_swap 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,moe,splitk \
-      --set moe_experts.SWAP_ONE=True --set fp8_gemv.SWAP_ONE=True
+    minichecks 180 35 graphs
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step swap 200 python3 bench/swap_ab.py
+    pack nm
+    ;;
+  nl)
+    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,moe,splitk \
+      --set moe_experts.SWAP_TOKENS=0 --set fp8_gemv.SWAP_ROWS=0
+    step check_swap 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,moe,splitk
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step swap 280 python3 bench/swap_ab.py
     pack nl

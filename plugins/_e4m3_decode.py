@@ -13,9 +13,15 @@ The e4m3 exponent field lands in the low four bits of bf16's and its three manti
 top of bf16's seven; e4m3 subnormals (exponent 0) become bf16 subnormals with the same
 mantissa, so the whole code range maps to value · 2^-120, and the product by 2^120 is exact.
 Per four weights: one and, then per pair a prmt (bytes to the halves' low bytes), a shift, a
-prmt + lop3 (the sign bits) and the multiply: 11 integer / bf16 instructions. The result is the
-same bf16 value as the conversion, so every kernel's bits are unchanged (tests/plugins/
-test_e4m3_decode.py runs the PTX through an emulator; gpu_check compares both on the H200).
+prmt + lop3 (the sign bits) and the multiply: 11 integer / bf16 instructions. ``DECODE = 3``
+(the default of fp8_gemv and moe_experts) gets the sign from prmt's sign replication: per pair
+one prmt puts each byte in a half's low byte and a copy of its sign bit in all eight bits above
+it, so after the shift by 4 bit 15 is the sign and bits 14-11 (sign copies) and the other
+half's spill are cleared by one and with 0x87F087F0: 8 instructions per four weights (AOT sm_90:
+MoE gate/up loop 333 -> 287 instructions per K step; H200 1.03-1.07x on fp8_gemv and the MoE,
+bench/results/h200-2026-12-01b/nk/). Both give the conversion's bf16 value, so every kernel's
+bits are unchanged (tests/plugins/test_e4m3_decode.py runs each PTX through an emulator over
+every code; the H200 compares them in bench/decode_ab.py).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from ._common import jit, tl
 
 @jit
 def e4m3_to_bf16(w, DECODE: tl.constexpr):
-    """float8e4nv tensor -> bf16 tensor, exactly: DECODE 2 with the PTX below, else Triton's
-    conversion (1; also the interpreter's path). NaN codes (0x7F, 0xFF) are not handled by
-    DECODE 2; FP8 weights never hold them."""
+    """float8e4nv tensor -> bf16 tensor, exactly: DECODE 3 or 2 with the PTX below, else
+    Triton's conversion (1; also the interpreter's path). NaN codes (0x7F, 0xFF) are not handled
+    by DECODE 2 and 3; FP8 weights never hold them."""
     if DECODE == 3:
         return tl.inline_asm_elementwise(
             "{ .reg .b32 r, z, k; mov.b32 z, 0; mov.b32 k, 0x7B807B80; "

@@ -52,12 +52,15 @@ BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
-# SWAP_ONE: one row without a norm prologue computes y^T = W·x^T, the weight tile the MMA's A
-# operand and the row its N, in an 8-row tile (ROWS_ONE, the MMA's smallest N) instead of x·W^T
-# in a 16-row tile (plugins/moe_experts.py SWAP_ONE: no operand moves, half the HMMAs).
-SWAP_ONE = False
-ROWS_ONE = 8
-TUNE_ONE = dict(TUNE)   # launch config of the swapped one-row kernel
+# At most SWAP_ROWS rows (0: never) without a norm prologue compute y^T = W·x^T: the weight
+# tile is the MMA's A operand and the rows its N, in one ROWS_SWAP-row tile (the MMA's smallest
+# N), one warp per program, instead of x·W^T in a 16-row tile whose four warps decode each
+# weight twice (N tile 16). H200 at one row (bench/results/h200-2026-12-01b/nl/, the same bits,
+# gpu_check 156/156 with it): QKV 9.0 -> 7.0 µs, o_proj 8.6 -> 6.5, the drafter's 7680x2560
+# with block scales 16.0 -> 8.8 (num_stages 5).
+SWAP_ROWS = 8
+ROWS_SWAP = 8
+TUNE_SWAP = dict(num_warps=1, num_stages=5)   # launch config of the swapped kernel
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
@@ -79,7 +82,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
     X_ROWS: x row ids[m] feeds output row m (`x_rows`). SWAP (MT 1, NORM 0): the tile as
-    W·x^T (`_dot_swapped`)."""
+    W·x^T (`_dot_swapped`, SWAP_ROWS)."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
@@ -318,8 +321,8 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     y = torch.empty((M, N // 2 if code == 2 else N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
-    swap = SWAP_ONE and M == 1 and f.norm is None
-    rows = ROWS_ONE if swap else ROWS
+    swap = M <= SWAP_ROWS and f.norm is None
+    rows = ROWS_SWAP if swap else ROWS
     mt = min(MAX_TILES, cdiv(M, rows))
     bn = block_n_for(N)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
@@ -336,7 +339,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
                 SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
                 DECODE=1 if interpret else DECODE, SWAP=swap,
                 NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,
-                **extra, **(TUNE_ONE if swap else TUNE))
+                **extra, **(TUNE_SWAP if swap else TUNE))
     if split == 1:
         launch(_fp8_gemv_kernel, grid, *args[:3], y, *args[4:], ACT=code,
                RES=f.residual is not None, **meta)

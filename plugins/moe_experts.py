@@ -43,15 +43,16 @@ TILES_BY_TOKENS = True
 TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128))}  # gated?
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
-# SWAP_ONE: a one-token chunk computes out^T = W·x^T, the weight tile the MMA's A operand (gate
-# and up rows stacked in one [2·BLOCK_N, BLOCK_K] tile) and the token its N, in 8-token tiles
-# (ROWS_ONE, the MMA's smallest N), instead of x·W^T in 16-token tiles. AOT sm_90, loop
-# instructions per K step at one token: gate_up 287 -> 220, down 294 -> 227 (no operand moves,
-# half the HMMAs). Not at more tokens: a [64, 128] A tile with N 16 becomes a wgmma there, its
-# loop 291 -> 412 instructions.
-SWAP_ONE = False
-ROWS_ONE = 8
-TUNE_ONE = dict(TUNE)   # launch config of the swapped one-token kernel
+# Chunks of at most SWAP_TOKENS tokens (0: none) compute out^T = W·x^T: the weight tile is the
+# MMA's A operand (gate and up rows stacked in one [2·BLOCK_N, BLOCK_K] tile) and the tokens its
+# N, in ROWS_SWAP-token tiles (the MMA's smallest N), instead of x·W^T in 16-token tiles. AOT
+# sm_90, loop instructions per K step at one token: gate_up 287 -> 220, down 294 -> 227 (no
+# operand moves, half the HMMAs). H200 at one token (bench/results/h200-2026-12-01b/nl/, the
+# same bits, gpu_check moe 156/156 with it): 30.4 -> 25.3 µs at num_stages 4 (27.2 at 3).
+# Not at 16+ tokens: a [64, 128] A tile with N 16 becomes a wgmma, its loop 291 -> 412.
+SWAP_TOKENS = 8
+ROWS_SWAP = 8
+TUNE_SWAP = dict(num_warps=4, num_stages=4)   # launch config of the swapped kernel
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
@@ -361,13 +362,13 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
     grid = (cdiv(max(n, n_sh_eff), bn), units)
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
-    swap = SWAP_ONE and M == 1
-    rows = ROWS_ONE if swap else ROWS
+    swap = M <= SWAP_TOKENS
+    rows = ROWS_SWAP if swap else ROWS
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
-                SWAP=swap, interpret=interpret, **(TUNE_ONE if swap else TUNE))
+                SWAP=swap, interpret=interpret, **(TUNE_SWAP if swap else TUNE))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,

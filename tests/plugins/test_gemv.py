@@ -57,11 +57,16 @@ def test_nvfp4_row_tiles_keep_bits(interp, monkeypatch, max_tiles):
     assert torch.equal(nvfp4_gemv(x, *w, interpret=True), want)
 
 
+@pytest.mark.parametrize("swap_rows", [0, 8])
 @pytest.mark.parametrize("mode", ["tensor", "channel", "block"])
 @pytest.mark.parametrize("M,N,K", SHAPES + [(5, 7, 33)])
-def test_fp8_interpreter(interp, mode, M, N, K):
+def test_fp8_interpreter(interp, monkeypatch, mode, M, N, K, swap_rows):
+    """Both operand orders: fp8_gemv.SWAP_ROWS 8 (the default) takes M <= 8 as W·x^T, 0 never."""
     if mode == "block" and K % 64:
         pytest.skip("block scales need K % 64 == 0")
+    import importlib
+    monkeypatch.setattr(importlib.import_module("kolibri_trt_plugins.fp8_gemv"), "SWAP_ROWS",
+                        swap_rows)
     g = T.gen(M * 1000 + N + K)
     x = T.randn((M, K), g)
     w = T.fp8_weight(N, K, mode, g)

@@ -75,12 +75,12 @@ def test_reference_against_dense():
     assert T.rel_err(out, y) < 1e-2  # bf16 output
 
 
-@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("swap_tokens", [0, 8])
 @pytest.mark.parametrize("M", [1, 3, 33, 70])
-def test_interpreter_matches_reference(interp, monkeypatch, M, swap):
-    """Both operand orders of the expert GEMM at one token (moe_experts.SWAP_ONE: weights as the
-    MMA's A, the token as its N, 8-token tiles)."""
-    monkeypatch.setattr(ME, "SWAP_ONE", swap)
+def test_interpreter_matches_reference(interp, monkeypatch, M, swap_tokens):
+    """Both operand orders of the expert GEMM: moe_experts.SWAP_TOKENS 8 (the default) takes
+    chunks of <= 8 tokens as W·x^T (weights the MMA's A, tokens its N, 8-token tiles), 0 never."""
+    monkeypatch.setattr(ME, "SWAP_TOKENS", swap_tokens)
     g = T.gen(10 + M)
     wts = T.moe_weights(E, H, I_, IS if M != 3 else 0, g)
     x = T.randn((M, H), g)
