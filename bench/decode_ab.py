@@ -4,6 +4,7 @@ placement 2 against its shorter form 3, and nvfp4's conversion unit 1 against bi
 H200, full Kolibri-1 shapes, one call:
 
     python3 bench/decode_ab.py [--out DIR] [--only fp8_gemv,moe,nvfp4] [--modes 2,3]
+        [--nvfp4-modes 2,3]
 
 fp8_gemv (QKV 3584x2560 and o_proj 2560x2560, per-tensor scale; M = 1, 16, 64), moe_forward
 (E = 256, top-6, H = 2560, I = 768 + shared; M = 1, 4, 16, 64) and nvfp4_gemv (e2m1 decode: via
@@ -12,7 +13,8 @@ drafter head 60614x2560 at M = 1, 16); `--only` picks among them. Each at DECODE
 again (the first and last bracket drifts of the clock), timed as bench/plugins.py (one CUDA
 graph over rotated input sets, median of 5 x 20 replays). `--modes A,B` applies to fp8_gemv and
 moe (plugins/_e4m3_decode.py: 1 conversion unit, 2 bit placement, 3 bit placement with the sign
-by prmt's sign replication); nvfp4 compares 1 and 2. Outputs must be bit-identical across the
+by prmt's sign replication); `--nvfp4-modes` to nvfp4 (1 via e4m3 and the conversion unit, 2
+bit placement, 3 with the signs by sign replication). Outputs must be bit-identical across the
 two; the exit code says whether they were. At 7a98413 it also
 compared nvfp4_gemv's byte-table decode, since removed (bench/results/h200-2026-11-30k/kd/).
 """
@@ -42,10 +44,10 @@ MODS = {name: importlib.import_module(f"kolibri_trt_plugins.{name}")
         for name in ("fp8_gemv", "moe_experts", "nvfp4_gemv")}
 KERNELS = ("fp8_gemv", "moe", "nvfp4")
 E4M3_MODES = (1, 2, 3)   # plugins/_e4m3_decode.py
-NVFP4_MODES = (1, 2)
+NVFP4_MODES = (1, 2, 3)
 
 
-def ab(label: str, mod: str, calls, nbytes: float, rows: list, modes=NVFP4_MODES) -> None:
+def ab(label: str, mod: str, calls, nbytes: float, rows: list, modes: tuple[int, int]) -> None:
     """Time `calls` (zero-arg callables, one per input set) under DECODE a, b, a (modes = (a, b))
     and compare the first call's output bits between the two decodes."""
     a, b = modes
@@ -68,18 +70,18 @@ def ab(label: str, mod: str, calls, nbytes: float, rows: list, modes=NVFP4_MODES
           f"{pct[1]:5.1f}%  bits equal: {same}", flush=True)
 
 
-def parse_modes(text: str) -> tuple[int, int]:
-    """'A,B' -> (A, B), two distinct modes of E4M3_MODES; SystemExit naming the bad value."""
+def parse_modes(option: str, text: str, allowed: tuple) -> tuple[int, int]:
+    """'A,B' -> (A, B), two distinct modes of `allowed`; SystemExit naming the option."""
     try:
         modes = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise SystemExit(f"--modes: {text!r} is not two integers A,B") from None
-    if len(modes) != 2 or modes[0] == modes[1] or set(modes) - set(E4M3_MODES):
-        raise SystemExit(f"--modes: {text!r}; want two distinct of {E4M3_MODES}")
+        raise SystemExit(f"{option}: {text!r} is not two integers A,B") from None
+    if len(modes) != 2 or modes[0] == modes[1] or set(modes) - set(allowed):
+        raise SystemExit(f"{option}: {text!r}; want two distinct of {allowed}")
     return modes
 
 
-def nvfp4_cases(rows: list) -> None:
+def nvfp4_cases(rows: list, modes: tuple[int, int]) -> None:
     for name, n, ms in (("LM head", 131072, (1, 16, 64)), ("drafter head", 60614, (1, 16))):
         k = 2560
         nbytes = n * k // 2 + n * k // 16
@@ -89,7 +91,8 @@ def nvfp4_cases(rows: list) -> None:
         for m in ms:
             x = torch.randn((m, k), device=PT.DEV).bfloat16()
             ab(f"nvfp4_gemv {name} M={m}", "nvfp4_gemv",
-               [lambda w=w: nvfp4_gemv(x, *w) for w in ws], nbytes + m * (n + k) * 2, rows)
+               [lambda w=w: nvfp4_gemv(x, *w) for w in ws], nbytes + m * (n + k) * 2, rows,
+               modes)
 
 
 def main() -> int:
@@ -97,8 +100,10 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--only", default=",".join(KERNELS), help=f"comma list of {KERNELS}")
     ap.add_argument("--modes", default="2,3", help="A,B: the e4m3 decodes of fp8_gemv and moe")
+    ap.add_argument("--nvfp4-modes", default="2,3", help="A,B: nvfp4_gemv's e2m1 decodes")
     a = ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
-    modes = parse_modes(a.modes)
+    modes = parse_modes("--modes", a.modes, E4M3_MODES)
+    nv_modes = parse_modes("--nvfp4-modes", a.nvfp4_modes, NVFP4_MODES)
     only = a.only.split(",")
     if set(only) - set(KERNELS):
         raise SystemExit(f"--only: unknown {sorted(set(only) - set(KERNELS))}; "
@@ -123,7 +128,7 @@ def main() -> int:
                moe_bytes(xs, wts[0], 256, 2560, 768, 6), rows, modes)
         wts.clear()   # free the MoE weights (the lambdas above ran already)
     if "nvfp4" in only:
-        nvfp4_cases(rows)
+        nvfp4_cases(rows, nv_modes)
     (out / "decode_ab.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1
 

@@ -140,6 +140,9 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nn bash bench/gpu_session.sh   (~7 min, no engine) nvfp4_gemv's e2m1 decode 3 and its swap:
+#       gpu_check nvfp4, moe (then nvfp4 with SWAP_ROWS 8), bench/decode_ab.py --only nvfp4,
+#       bench/swap_ab.py --only nvfp4, the kernel table's GEMV and MoE rows
 #   PART=nm bash bench/gpu_session.sh   (~9 min, engine carry-b) the swapped small-batch FP8 GEMMs
 #       on by default: gpu_check of the FP8 GEMVs and the MoE, the trained default's gpu_runtime
 #       and gpu_drafter graphs, whole steps (fullsize decode, verify), bench/swap_ab.py
@@ -265,6 +268,15 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nn)
+    step check 150 python3 bench/gpu_check.py --only nvfp4,moe
+    step check_swap 90 python3 bench/gpu_check.py --only nvfp4 --set nvfp4_gemv.SWAP_ROWS=8
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step decode 120 python3 bench/decode_ab.py --only nvfp4 --nvfp4-modes 2,3
+    step swap 150 python3 bench/swap_ab.py --only nvfp4
+    step plugins 100 python3 bench/plugins.py --only gemv,moe --csv "$OUT/plugins.csv"
+    pack nn
+    ;;
   nm)
     unpack carry-b
     step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,moe,splitk

@@ -3,12 +3,14 @@
 (plugins/moe_experts.py SWAP_TOKENS, plugins/fp8_gemv.py SWAP_ROWS: on at <= 8 rows) against the
 16-row x·W^T form (the setting 0), H200, full Kolibri-1 shapes, one call:
 
-    python3 bench/swap_ab.py [--out DIR] [--only moe,fp8_gemv]
+    python3 bench/swap_ab.py [--out DIR] [--only moe,fp8_gemv,nvfp4]
 
 moe: moe_forward (E = 256, top-6, H = 2560, I = 768 + shared) at M = 1, 2, 4, 8, the swapped
 kernel at num_stages 3 / 4 / 5 (4 warps). fp8_gemv: QKV 3584x2560 and o_proj 2560x2560
 (per-tensor scale), the drafter's 7680x2560 (1x64 block scales), M = 1, 4, 8; the swapped kernel
-with 1 / 2 warps at num_stages 5. Each variant is timed as bench/plugins.py (one CUDA graph over
+with 1 / 2 warps at num_stages 5. nvfp4: nvfp4_gemv (plugins/nvfp4_gemv.py SWAP_ROWS), the LM
+head 131072x2560 and the drafter head slice 60614x2560, M = 1, 4, 8, with 4 warps at num_stages
+3 / 4 and 8 warps at 3. Each variant is timed as bench/plugins.py (one CUDA graph over
 rotated input sets, median of 5 x 20 replays) with the 16-row form timed before and after it;
 its output is compared bit for bit with the 16-row form's. The exit code is 0 when every
 variant ran (bits may differ: the line says so).
@@ -33,41 +35,49 @@ from plugin_sweeps import moe_bytes  # noqa: E402
 load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
+from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
-KERNELS = ("moe", "fp8_gemv")
+NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
+KERNELS = ("moe", "fp8_gemv", "nvfp4")
 MOE_VARIANTS = [dict(stages=s) for s in (3, 4, 5)]
 GEMV_VARIANTS = [dict(warps=w, stages=5) for w in (1, 2)]
-SWITCH = {ME: "SWAP_TOKENS", F8: "SWAP_ROWS"}   # module -> its swap threshold (0: off)
+NVFP4_VARIANTS = [dict(warps=4, stages=3), dict(warps=4, stages=4), dict(warps=8, stages=3)]
+SWITCH = {ME: "SWAP_TOKENS", F8: "SWAP_ROWS", NV: "SWAP_ROWS"}   # module -> swap threshold
+SWAP_ON = 8     # the threshold a variant runs at (a module's default may be 0: off)
+TUNES = {ME: ("TUNE_SWAP", "TUNE_SWAP_WIDE"), F8: ("TUNE_SWAP",), NV: ("TUNE_SWAP",)}
 
 
 def plain(mod, calls):
     """The first call's output and the µs of `calls` with the module's swap off."""
-    saved = getattr(mod, SWITCH[mod])
     setattr(mod, SWITCH[mod], 0)
     try:
         return calls[0](), PT.time_calls(calls)
     finally:
-        setattr(mod, SWITCH[mod], saved)
+        setattr(mod, SWITCH[mod], SWAP_ON)
 
 
 def run_variant(mod, setting: dict, calls, nbytes: float, label: str, rows: list) -> None:
-    """Time `calls` in the 16-row form, swapped with `setting` (TUNE_SWAP), and 16-row again."""
-    saved = dict(mod.TUNE_SWAP)
+    """Time `calls` in the 16-row form, swapped with `setting` (every TUNES dict), and 16-row
+    again."""
+    saved = [dict(getattr(mod, t)) for t in TUNES[mod]], getattr(mod, SWITCH[mod])
     try:
         base, t_def0 = plain(mod, calls)
-        mod.TUNE_SWAP.update(num_warps=setting.get("warps", 4), num_stages=setting["stages"])
+        for t in TUNES[mod]:
+            getattr(mod, t).update(num_warps=setting.get("warps", 4), num_stages=setting["stages"])
         same = torch.equal(calls[0](), base)
         t_swap = PT.time_calls(calls)
+        t_def1 = plain(mod, calls)[1]
     except Exception as exc:  # one variant's failure must not hide the others
         print(f"{label} {setting}: FAILED {str(exc)[:300]}", flush=True)
         rows.append(dict(case=label, setting=setting, failed=str(exc)[:300]))
         return
     finally:
-        mod.TUNE_SWAP.clear()
-        mod.TUNE_SWAP.update(saved)
-    t_def1 = plain(mod, calls)[1]
+        for t, d in zip(TUNES[mod], saved[0]):
+            getattr(mod, t).clear()
+            getattr(mod, t).update(d)
+        setattr(mod, SWITCH[mod], saved[1])
     t_def = min(t_def0, t_def1)
     pct = 100 * nbytes / (t_swap * 1e-6) / PT.BW
     rows.append(dict(case=label, setting=setting, us_16row=t_def, us_swap=t_swap,
@@ -103,6 +113,21 @@ def gemv_cases(rows: list) -> None:
                 run_variant(F8, v, calls, nbytes, f"fp8_gemv {name} M={m}", rows)
 
 
+def nvfp4_cases(rows: list) -> None:
+    for name, n in (("LM head", 131072), ("drafter head", 60614)):
+        k = 2560
+        nbytes = n * k // 2 + n * k // 16
+        ws = [(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=PT.DEV),
+               (torch.rand((n, k // 16), device=PT.DEV) * 1.5 + 0.25).to(PT.E4M3),
+               torch.tensor([0.02], device=PT.DEV)) for _ in range(PT.sets_for(nbytes))]
+        for m in (1, 4, 8):
+            x = torch.randn((m, k), device=PT.DEV).bfloat16()
+            calls = [lambda w=w, x=x: nvfp4_gemv(x, *w) for w in ws]
+            for v in NVFP4_VARIANTS:
+                run_variant(NV, v, calls, nbytes + m * (n + k) * 2, f"nvfp4_gemv {name} M={m}",
+                            rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -119,6 +144,8 @@ def main() -> int:
         moe_cases(rows)
     if "fp8_gemv" in only:
         gemv_cases(rows)
+    if "nvfp4" in only:
+        nvfp4_cases(rows)
     (out / "swap_ab.json").write_text(json.dumps(rows, indent=1))
     return 1 if any("failed" in r for r in rows) else 0
 

@@ -47,12 +47,15 @@ DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement
 # MMA's A operand (gate and up rows stacked in one [2·BLOCK_N, BLOCK_K] tile) and the tokens its
 # N, in ROWS_SWAP-token tiles (the MMA's smallest N), instead of x·W^T in 16-token tiles. AOT
 # sm_90, loop instructions per K step at one token: gate_up 287 -> 220, down 294 -> 227 (no
-# operand moves, half the HMMAs). H200 at one token (bench/results/h200-2026-12-01b/nl/, the
-# same bits, gpu_check moe 156/156 with it): 30.4 -> 25.3 µs at num_stages 4 (27.2 at 3).
-# Not at 16+ tokens: a [64, 128] A tile with N 16 becomes a wgmma, its loop 291 -> 412.
+# operand moves, half the HMMAs). H200 (bench/results/h200-2026-12-01b/nm/swap.log, the same
+# bits, gpu_check moe 156/156 with it), µs, 16-row form -> swapped at num_stages 3 / 4 / 5:
+# M=1 30.4 -> 27.3 / 25.2 / 25.5, M=2 39.6 -> 35.2 / 34.2 / 34.6, M=4 56.8 -> 50.4 / 51.5 /
+# 54.1, M=8 90.9 -> 87.1 / 92.5 / 85.8. Not at 16+ tokens: a [64, 128] A tile with N 16
+# becomes a wgmma there, its loop 291 -> 412 instructions.
 SWAP_TOKENS = 8
 ROWS_SWAP = 8
-TUNE_SWAP = dict(num_warps=4, num_stages=4)   # launch config of the swapped kernel
+TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
+TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3 to SWAP_TOKENS tokens
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
@@ -368,7 +371,8 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
-                SWAP=swap, interpret=interpret, **(TUNE_SWAP if swap else TUNE))
+                SWAP=swap, interpret=interpret,
+                **(TUNE if not swap else TUNE_SWAP if M <= 2 else TUNE_SWAP_WIDE))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,

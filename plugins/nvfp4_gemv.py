@@ -32,9 +32,15 @@ MAX_TILES = 4    # up to 64 activation rows per program (weights read once for t
 BLOCK_K = 256
 # e2m1 -> bf16: 1 via e4m3 and the conversion unit, 2 bit placement (the same bits; H200 LM head
 # M = 1 / 16 / 64 94.5 / 96.1 / 253.1 -> 88.3 / 91.2 / 237.0 µs, bench/decode_ab.py --only nvfp4,
-# bench/results/h200-2026-11-30m/mu/nvfp4ab.log)
-DECODE = 2
+# bench/results/h200-2026-11-30m/mu/nvfp4ab.log); 3 the signs by prmt's sign replication
+# (`_e2m1_pairs_to_bf16`; AOT sm_90 LM head loop at one row 1,139 -> 980 instructions)
+DECODE = 3
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
+# At most SWAP_ROWS rows (0: never) compute y^T = W·x^T: the decoded weight tiles are the MMA's A
+# operand and the rows its N, one ROWS_SWAP-row tile (plugins/fp8_gemv.py SWAP_ROWS).
+SWAP_ROWS = 0
+ROWS_SWAP = 8
+TUNE_SWAP = dict(TUNE)   # launch config of the swapped kernel
 
 
 # e2m1 nibble -> e4m3 byte with the same bits in the same places: magnitude bits (e1 e0 m0) go to
@@ -60,8 +66,8 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 
 
 @jit
-def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr):
-    """DECODE 2: uint8 [.., n] packed e2m1 pairs and bf16 block scales sb (= e4m3 scale ·
+def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr, DECODE: tl.constexpr = 2):
+    """DECODE 2 and 3: uint8 [.., n] packed e2m1 pairs and bf16 block scales sb (= e4m3 scale ·
     2^110, same shape) -> (low, high nibbles) as bf16 = value · scale · 2^-16, exactly.
 
     The nibble's magnitude bits (e1 e0 m) go to bf16 bits 8..6 (the exponent's two low bits and
@@ -69,8 +75,24 @@ def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr):
     subnormal 0.5 becomes a bf16 subnormal). One mul.rn.bf16x2 by sb per two weights makes
     value · scale · 2^-16 (≤ 6 significant bits, normal: exact); the kernel multiplies the fp32
     result by 2^16, so the output bits equal DECODE 1's. Per 8 weights: 2 prmt, 16 integer
-    instructions, 4 multiplies; no conversion-unit instructions."""
-    if USE_ASM:
+    instructions, 4 multiplies; no conversion-unit instructions. DECODE 3 takes each sign from
+    prmt's sign replication (of the byte's top bit: the high nibble's sign, and after a shift of
+    the word by 4 the low nibble's): per pair of halves one prmt, a shift by 2 and one and with
+    0x81C081C0 (plugins/_e4m3_decode.py DECODE 3); per 8 weights 17 instructions, not 22."""
+    if USE_ASM and DECODE == 3:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 p, w, z, k; mov.b32 z, 0; mov.b32 k, 0x81C081C0; shl.b32 w, $4, 4; "
+            "prmt.b32 p, w, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
+            "mul.rn.bf16x2 $0, p, $5; "
+            "prmt.b32 p, w, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
+            "mul.rn.bf16x2 $1, p, $6; "
+            "prmt.b32 p, $4, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
+            "mul.rn.bf16x2 $2, p, $5; "
+            "prmt.b32 p, $4, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
+            "mul.rn.bf16x2 $3, p, $6; }",
+            "=r,=r,=r,=r,r,r,r", [wq, sb], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+            pack=4)
+    elif USE_ASM:
         lo, hi = tl.inline_asm_elementwise(
             "{ .reg .b32 p, t, u, z, s; mov.b32 z, 0; mov.b32 s, 0x80008000; "
             "prmt.b32 p, $4, z, 0x4140; "
@@ -106,7 +128,8 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                        MT: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
                        NORM: tl.constexpr = False, DECODE: tl.constexpr = 1,
-                       PDL: tl.constexpr = 0):
+                       SWAP: tl.constexpr = False, PDL: tl.constexpr = 0):
+    """SWAP (MT 1): acc0 holds y^T [BLOCK_N, ROWS] = W·x^T until the store."""
     pdl_enter(PDL)
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
     # feed two dots, so the packed bytes are never interleaved in registers. sw_n = K/2 and
@@ -119,7 +142,7 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
     nmask = n < N
     n64 = n.to(tl.int64)
     rows = tl.arange(0, ROWS)
-    acc0 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc0 = tl.zeros([BLOCK_N, ROWS] if SWAP else [ROWS, BLOCK_N], tl.float32)
     acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
@@ -135,11 +158,11 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
         ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
         bs = tl.load(ws_ptr + n64[:, None] * ss_n + ks[None, :],
                      mask=nmask[:, None] & (ks < ss_n)[None, :], other=0.0)
-        if DECODE == 2:
+        if DECODE >= 2:
             sb = (bs.to(tl.float32) * 1.2980742146337069e33).to(tl.bfloat16)  # · 2^110, exact
             sb = tl.reshape(tl.broadcast_to(sb[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
                             (BLOCK_N, HB))
-            w_lo, w_hi = _e2m1_pairs_to_bf16(wq, sb, USE_ASM)
+            w_lo, w_hi = _e2m1_pairs_to_bf16(wq, sb, USE_ASM, DECODE)
         else:
             sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
             sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
@@ -150,8 +173,9 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
         if DOT_F32:
             w_lo = w_lo.to(tl.float32)
             w_hi = w_hi.to(tl.float32)
-        w_lo = tl.trans(w_lo)
-        w_hi = tl.trans(w_hi)
+        if not SWAP:
+            w_lo = tl.trans(w_lo)
+            w_hi = tl.trans(w_hi)
         kx = k0 + tl.arange(0, BLOCK_K)
         for t in tl.static_range(MT):
             m = m0 + t * ROWS + rows
@@ -166,7 +190,9 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
             if DOT_F32:
                 xe = xe.to(tl.float32)
                 xo = xo.to(tl.float32)
-            if t == 0:
+            if SWAP:
+                acc0 = tl.dot(w_hi, tl.trans(xo), tl.dot(w_lo, tl.trans(xe), acc0))
+            elif t == 0:
                 acc0 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc0))
             elif t == 1:
                 acc1 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc1))
@@ -175,8 +201,10 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
             else:
                 acc3 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc3))
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
+    if SWAP:
+        acc0 = tl.trans(acc0)
     gs = tl.load(gs_ptr)
-    if DECODE == 2:
+    if DECODE >= 2:
         gs = gs * 65536.0   # the weights were value · scale · 2^-16 (exact powers of two)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows
@@ -262,15 +290,17 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
-    mt = min(MAX_TILES, cdiv(M, ROWS))
+    swap = M <= SWAP_ROWS
+    rows = ROWS_SWAP if swap else ROWS
+    mt = min(MAX_TILES, cdiv(M, rows))
     bn = block_n_for(N, M)
-    grid = (cdiv(N, bn), cdiv(M, ROWS * mt))
+    grid = (cdiv(N, bn), cdiv(M, rows * mt))
     extra = {} if norm is None else dict(enable_fp_fusion=False)   # torch's separate roundings
     launch(_nvfp4_gemv_kernel, grid, x, weight, weight_scale, weight_scale_2, y,
            x if norm is None else norm, M, N, K, x.stride(0), K // 2, K // 16, float(eps),
-           BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=ROWS, MT=mt, USE_ASM=not interpret,
-           DECODE=DECODE,
-           DOT_F32=interpret, NORM=norm is not None, interpret=interpret, **extra, **TUNE)
+           BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=mt, USE_ASM=not interpret,
+           DECODE=DECODE, SWAP=swap, DOT_F32=interpret, NORM=norm is not None,
+           interpret=interpret, **extra, **(TUNE_SWAP if swap else TUNE))
     return y
 
 
