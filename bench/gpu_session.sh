@@ -140,6 +140,8 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=no bash bench/gpu_session.sh   (~7 min, engine carry-b) final checks: gpu_check of every
+#       kernel, the trained default's gpu_runtime and gpu_drafter graphs, whole steps
 #   PART=nn bash bench/gpu_session.sh   (~7 min, no engine) nvfp4_gemv's e2m1 decode 3 and its swap:
 #       gpu_check nvfp4, moe (then nvfp4 with SWAP_ROWS 8), bench/decode_ab.py --only nvfp4,
 #       bench/swap_ab.py --only nvfp4, the kernel table's GEMV and MoE rows
@@ -268,6 +270,12 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  no)
+    allchecks
+    unset KOLIBRI_PDL     # the default (2) for whole steps
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+    pack no
+    ;;
   nn)
     step check 150 python3 bench/gpu_check.py --only nvfp4,moe
     step check_swap 90 python3 bench/gpu_check.py --only nvfp4 --set nvfp4_gemv.SWAP_ROWS=8

@@ -33,14 +33,20 @@ BLOCK_K = 256
 # e2m1 -> bf16: 1 via e4m3 and the conversion unit, 2 bit placement (the same bits; H200 LM head
 # M = 1 / 16 / 64 94.5 / 96.1 / 253.1 -> 88.3 / 91.2 / 237.0 µs, bench/decode_ab.py --only nvfp4,
 # bench/results/h200-2026-11-30m/mu/nvfp4ab.log); 3 the signs by prmt's sign replication
-# (`_e2m1_pairs_to_bf16`; AOT sm_90 LM head loop at one row 1,139 -> 980 instructions)
+# (`_e2m1_pairs_to_bf16`; AOT sm_90 LM head loop at one row 1,139 -> 980 instructions; H200
+# LM head M = 1 / 16 87.9 / 90.2 -> 75.1 / 76.9 µs, drafter head 45.5 / 46.5 -> 39.7 / 40.7, the
+# same bits, bench/results/h200-2026-12-01b/nn/decode.log)
 DECODE = 3
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 # At most SWAP_ROWS rows (0: never) compute y^T = W·x^T: the decoded weight tiles are the MMA's A
-# operand and the rows its N, one ROWS_SWAP-row tile (plugins/fp8_gemv.py SWAP_ROWS).
-SWAP_ROWS = 0
+# operand and the rows its N, one ROWS_SWAP-row tile (plugins/fp8_gemv.py SWAP_ROWS). AOT sm_90
+# LM head loop at one row 980 -> 895 instructions; H200 (bench/results/h200-2026-12-01b/nn/
+# swap.log, the same bits, gpu_check nvfp4 6/6 with it), µs at M = 1 / 4 / 8: LM head 75 / 78 /
+# 78 -> 59.5 / 61.3 / 61.4 (76.7 % of the read ceiling at one row), drafter head 39.7 / 41.3 /
+# 41.2 -> 33.0 / 35.8 / 35.7 (4 warps, num_stages 3; 8 warps 34.0 / 34.4 / 34.6, 4 stages slower).
+SWAP_ROWS = 8
 ROWS_SWAP = 8
-TUNE_SWAP = dict(TUNE)   # launch config of the swapped kernel
+TUNE_SWAP = dict(num_warps=4, num_stages=3)   # launch config of the swapped kernel
 
 
 # e2m1 nibble -> e4m3 byte with the same bits in the same places: magnitude bits (e1 e0 m0) go to
