@@ -141,7 +141,8 @@
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
 #   PART=no bash bench/gpu_session.sh   (~7 min, engine carry-b) final checks: gpu_check of every
-#       kernel, the trained default's gpu_runtime and gpu_drafter graphs, whole steps
+#       kernel, the trained default's gpu_runtime and gpu_drafter graphs, whole steps, the
+#       kernel table's GEMV rows
 #   PART=nn bash bench/gpu_session.sh   (~7 min, no engine) nvfp4_gemv's e2m1 decode 3 and its swap:
 #       gpu_check nvfp4, moe (then nvfp4 with SWAP_ROWS 8), bench/decode_ab.py --only nvfp4,
 #       bench/swap_ab.py --only nvfp4, the kernel table's GEMV and MoE rows
@@ -274,6 +275,8 @@ case "${PART:-}" in
     allchecks
     unset KOLIBRI_PDL     # the default (2) for whole steps
     step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step plugins 60 python3 bench/plugins.py --only gemv --csv "$OUT/plugins.csv"
     pack no
     ;;
   nn)
