@@ -140,6 +140,8 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=np bash bench/gpu_session.sh   (~2 min, no engine) bench/gemv_tune.py --kernels fp8tiles:
+#       fp8_gemv's N tile, row tiles, warps and split-K at 16 and 64 rows
 #   PART=no bash bench/gpu_session.sh   (~7 min, engine carry-b) final checks: gpu_check of every
 #       kernel, the trained default's gpu_runtime and gpu_drafter graphs, whole steps, the
 #       kernel table's GEMV rows
@@ -271,6 +273,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  np)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step tiles 150 python3 bench/gemv_tune.py --kernels fp8tiles
+    pack np
+    ;;
   no)
     allchecks
     unset KOLIBRI_PDL     # the default (2) for whole steps
