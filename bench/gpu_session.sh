@@ -275,7 +275,7 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 case "${PART:-}" in
   np)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step tiles 150 python3 bench/gemv_tune.py --kernels fp8tiles
+    step tiles 110 python3 bench/gemv_tune.py --kernels fp8tiles
     pack np
     ;;
   no)
