@@ -47,6 +47,13 @@ ROWS = 16
 # kf/): QKV M=64 25.5 -> 22.1 µs, o_proj 23.7 -> 20.3, drafter 7680x2560 52.4 -> 48.6; M=32
 # 16.7 -> 14.7; the same bits (a tile's rows and K order do not change).
 MAX_TILES = 1
+# Plain per-tensor GEMVs past SWAP_ROWS rows (the target's QKV and o_proj at 9-64 rows): a
+# 32-wide N tile with up to 4 row tiles per program, each weight decoded once for all 64 rows
+# (a 16-wide tile makes four warps decode each weight twice). H200 (bench/gemv_tune.py
+# --kernels fp8tiles, bench/results/h200-2026-12-01b/np/tiles.log; the same bits): QKV M=16 /
+# 64 9.1 / 21.1 -> 7.8 / 13.1 µs, o_proj 8.8 / 19.5 -> 7.1 / 11.4. Block scales and the fused
+# forms keep BLOCK_N_MAX / MAX_TILES (not timed in this form).
+WIDE_TILES = (32, 4)    # (N tile, row tiles per program)
 SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
@@ -323,8 +330,10 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
         return y
     swap = M <= SWAP_ROWS and f.norm is None
     rows = ROWS_SWAP if swap else ROWS
-    mt = min(MAX_TILES, cdiv(M, rows))
-    bn = block_n_for(N)
+    mode = scale_mode(weight, weight_scale)
+    wide = not swap and f.plain and mode == MODE_TENSOR
+    mt = min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
+    bn = WIDE_TILES[0] if wide else block_n_for(N)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
     grid = (cdiv(N, bn), cdiv(M, rows * mt))
     nseg = 0 if f.norm is None else f.norm_segments
@@ -335,7 +344,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     args = (x, weight, weight_scale, None, x if f.norm is None else f.norm, r, ids, M, N, K,
             x.stride(0), 0 if f.residual is None else f.residual.stride(0),
             0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps))
-    meta = dict(MODE=scale_mode(weight, weight_scale), BLOCK_N=bn, BLOCK_K=BLOCK_K,
+    meta = dict(MODE=mode, BLOCK_N=bn, BLOCK_K=BLOCK_K,
                 SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
                 DECODE=1 if interpret else DECODE, SWAP=swap,
                 NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,

@@ -73,6 +73,22 @@ def test_fp8_interpreter(interp, monkeypatch, mode, M, N, K, swap_rows):
     assert T.rel_err(fp8_gemv(x, *w, interpret=True), fp8_gemv_ref(x, *w)) < INTERP_TOL
 
 
+@pytest.mark.parametrize("wide", [(32, 4), (64, 2)])
+def test_fp8_wide_tiles_keep_bits(interp, monkeypatch, wide):
+    """fp8_gemv.WIDE_TILES (past SWAP_ROWS rows, plain per-tensor) only regroups output columns
+    and row tiles: the bits equal 16-wide single-tile programs' (33 rows: three row tiles, one
+    partial; 72 outputs)."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    g = T.gen(78)
+    x = T.randn((33, 256), g)
+    w = T.fp8_weight(72, 256, "tensor", g)
+    monkeypatch.setattr(f8, "WIDE_TILES", (16, 1))
+    want = fp8_gemv(x, *w, interpret=True)
+    monkeypatch.setattr(f8, "WIDE_TILES", wide)
+    assert torch.equal(fp8_gemv(x, *w, interpret=True), want)
+
+
 def test_row_stride_and_cpu_path():
     g = T.gen(1)
     x = T.randn((4, 128), g)[:, :64]  # row stride 128, last dim contiguous
