@@ -140,6 +140,10 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nq bash bench/gpu_session.sh   (~10 min, engine carry-b) fp8_gemv's WIDE_TILES: gpu_check of
+#       the FP8 GEMVs and the MoE (and the MoE with the swap at every chunk size), the trained
+#       default's gpu_runtime and gpu_drafter graphs, whole steps, bench/swap_ab.py --only
+#       moe_wide (the swap at 16-64 tokens)
 #   PART=np bash bench/gpu_session.sh   (~2 min, no engine) bench/gemv_tune.py --kernels fp8tiles:
 #       fp8_gemv's N tile, row tiles, warps and split-K at 16 and 64 rows
 #   PART=no bash bench/gpu_session.sh   (~7 min, engine carry-b) final checks: gpu_check of every
@@ -273,6 +277,16 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nq)
+    unpack carry-b
+    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,moe
+    step check_wide 90 python3 bench/gpu_check.py --only moe --set moe_experts.SWAP_TOKENS=64
+    minichecks 180 35 graphs
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step swap 150 python3 bench/swap_ab.py --only moe_wide
+    pack nq
+    ;;
   np)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step tiles 110 python3 bench/gemv_tune.py --kernels fp8tiles

@@ -3,14 +3,16 @@
 (plugins/moe_experts.py SWAP_TOKENS, plugins/fp8_gemv.py SWAP_ROWS: on at <= 8 rows) against the
 16-row x·W^T form (the setting 0), H200, full Kolibri-1 shapes, one call:
 
-    python3 bench/swap_ab.py [--out DIR] [--only moe,fp8_gemv,nvfp4]
+    python3 bench/swap_ab.py [--out DIR] [--only moe,moe_wide,fp8_gemv,nvfp4]
 
 moe: moe_forward (E = 256, top-6, H = 2560, I = 768 + shared) at M = 1, 2, 4, 8, the swapped
 kernel at num_stages 3 / 4 / 5 (4 warps). fp8_gemv: QKV 3584x2560 and o_proj 2560x2560
 (per-tensor scale), the drafter's 7680x2560 (1x64 block scales), M = 1, 4, 8; the swapped kernel
 with 1 / 2 warps at num_stages 5. nvfp4: nvfp4_gemv (plugins/nvfp4_gemv.py SWAP_ROWS), the LM
 head 131072x2560 and the drafter head slice 60614x2560, M = 1, 4, 8, with 4 warps at num_stages
-3 / 4 and 8 warps at 3. Each variant is timed as bench/plugins.py (one CUDA graph over
+3 / 4 and 8 warps at 3. moe_wide: moe_forward at M = 16, 32, 64 with the swap at every chunk
+size (SWAP_TOKENS 64: 8-token tiles, a row tile's pass only where its expert has that many
+tokens) at num_stages 3 / 4. Each variant is timed as bench/plugins.py (one CUDA graph over
 rotated input sets, median of 5 x 20 replays) with the 16-row form timed before and after it;
 its output is compared bit for bit with the 16-row form's. The exit code is 0 when every
 variant ran (bits may differ: the line says so).
@@ -40,35 +42,39 @@ from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
 NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
-KERNELS = ("moe", "fp8_gemv", "nvfp4")
+KERNELS = ("moe", "moe_wide", "fp8_gemv", "nvfp4")
+DEFAULT_KERNELS = ("moe", "fp8_gemv", "nvfp4")
 MOE_VARIANTS = [dict(stages=s) for s in (3, 4, 5)]
 GEMV_VARIANTS = [dict(warps=w, stages=5) for w in (1, 2)]
 NVFP4_VARIANTS = [dict(warps=4, stages=3), dict(warps=4, stages=4), dict(warps=8, stages=3)]
 SWITCH = {ME: "SWAP_TOKENS", F8: "SWAP_ROWS", NV: "SWAP_ROWS"}   # module -> swap threshold
 SWAP_ON = 8     # the threshold a variant runs at (a module's default may be 0: off)
+WIDE_ON = 64    # moe_wide: the swap at every chunk size (moe_experts.MAX_TOKENS)
 TUNES = {ME: ("TUNE_SWAP", "TUNE_SWAP_WIDE"), F8: ("TUNE_SWAP",), NV: ("TUNE_SWAP",)}
 
 
-def plain(mod, calls):
-    """The first call's output and the µs of `calls` with the module's swap off."""
+def plain(mod, calls, on: int = SWAP_ON):
+    """The first call's output and the µs of `calls` with the module's swap off; then the swap
+    threshold `on`."""
     setattr(mod, SWITCH[mod], 0)
     try:
         return calls[0](), PT.time_calls(calls)
     finally:
-        setattr(mod, SWITCH[mod], SWAP_ON)
+        setattr(mod, SWITCH[mod], on)
 
 
-def run_variant(mod, setting: dict, calls, nbytes: float, label: str, rows: list) -> None:
+def run_variant(mod, setting: dict, calls, nbytes: float, label: str, rows: list,
+                on: int = SWAP_ON) -> None:
     """Time `calls` in the 16-row form, swapped with `setting` (every TUNES dict), and 16-row
     again."""
     saved = [dict(getattr(mod, t)) for t in TUNES[mod]], getattr(mod, SWITCH[mod])
     try:
-        base, t_def0 = plain(mod, calls)
+        base, t_def0 = plain(mod, calls, on)
         for t in TUNES[mod]:
             getattr(mod, t).update(num_warps=setting.get("warps", 4), num_stages=setting["stages"])
         same = torch.equal(calls[0](), base)
         t_swap = PT.time_calls(calls)
-        t_def1 = plain(mod, calls)[1]
+        t_def1 = plain(mod, calls, on)[1]
     except Exception as exc:  # one variant's failure must not hide the others
         print(f"{label} {setting}: FAILED {str(exc)[:300]}", flush=True)
         rows.append(dict(case=label, setting=setting, failed=str(exc)[:300]))
@@ -87,14 +93,15 @@ def run_variant(mod, setting: dict, calls, nbytes: float, label: str, rows: list
           flush=True)
 
 
-def moe_cases(rows: list) -> None:
+def moe_cases(rows: list, wide: bool = False) -> None:
+    """moe_forward at 1-8 tokens (the default swap), or (wide) at 16-64 with the swap forced."""
     wts = PT.moe_weights(256, 2560, 768)
-    for m in (1, 2, 4, 8):
+    for m in (16, 32, 64) if wide else (1, 2, 4, 8):
         xs = [torch.randn((m, 2560), device=PT.DEV).bfloat16() for _ in range(8)]
         calls = [lambda x=x: moe_forward(x, *wts, top_k=6) for x in xs]
-        for v in MOE_VARIANTS:
+        for v in MOE_VARIANTS[:2] if wide else MOE_VARIANTS:
             run_variant(ME, v, calls, moe_bytes(xs, wts[0], 256, 2560, 768, 6),
-                        f"moe_forward M={m}", rows)
+                        f"moe_forward M={m}", rows, WIDE_ON if wide else SWAP_ON)
     wts.clear()
 
 
@@ -131,7 +138,7 @@ def nvfp4_cases(rows: list) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--only", default=",".join(KERNELS), help=f"comma list of {KERNELS}")
+    ap.add_argument("--only", default=",".join(DEFAULT_KERNELS), help=f"comma list of {KERNELS}")
     a = ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
     only = a.only.split(",")
     if set(only) - set(KERNELS):
@@ -142,6 +149,8 @@ def main() -> int:
     rows: list = []
     if "moe" in only:
         moe_cases(rows)
+    if "moe_wide" in only:
+        moe_cases(rows, wide=True)
     if "fp8_gemv" in only:
         gemv_cases(rows)
     if "nvfp4" in only:
