@@ -125,27 +125,28 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
         if SWAP:
             acc0 = _dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m0 + rows, M, s_ids, sx_m, acc0,
                                 X_ROWS, DOT_F32)
-        w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
-        for t in tl.static_range(0 if SWAP else MT):
-            m = m0 + t * ROWS + rows
-            xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
-            xt = tl.load(x_ptr + xr[:, None] * sx_m + kx[None, :],
-                         mask=(m < M)[:, None] & kmask[None, :], other=0.0)
-            if NORM > 0:
-                rs = rs0 if t == 0 else (rs1 if t == 1 else (rs2 if t == 2 else rs3))
-                gk = tl.load(g_ptr + kx, mask=kmask, other=0.0).to(tl.float32)
-                rk = _col_rstd(rs, kx, K, NORM, NORM_P)
-                xt = ((xt.to(tl.float32) * rk) * gk[None, :]).to(tl.bfloat16)
-            if DOT_F32:
-                xt = xt.to(tl.float32)
-            if t == 0:
-                acc0 = tl.dot(xt, w_t, acc0)
-            elif t == 1:
-                acc1 = tl.dot(xt, w_t, acc1)
-            elif t == 2:
-                acc2 = tl.dot(xt, w_t, acc2)
-            else:
-                acc3 = tl.dot(xt, w_t, acc3)
+        else:
+            w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
+            for t in tl.static_range(MT):
+                m = m0 + t * ROWS + rows
+                xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
+                xt = tl.load(x_ptr + xr[:, None] * sx_m + kx[None, :],
+                             mask=(m < M)[:, None] & kmask[None, :], other=0.0)
+                if NORM > 0:
+                    rs = rs0 if t == 0 else (rs1 if t == 1 else (rs2 if t == 2 else rs3))
+                    gk = tl.load(g_ptr + kx, mask=kmask, other=0.0).to(tl.float32)
+                    rk = _col_rstd(rs, kx, K, NORM, NORM_P)
+                    xt = ((xt.to(tl.float32) * rk) * gk[None, :]).to(tl.bfloat16)
+                if DOT_F32:
+                    xt = xt.to(tl.float32)
+                if t == 0:
+                    acc0 = tl.dot(xt, w_t, acc0)
+                elif t == 1:
+                    acc1 = tl.dot(xt, w_t, acc1)
+                elif t == 2:
+                    acc2 = tl.dot(xt, w_t, acc2)
+                else:
+                    acc3 = tl.dot(xt, w_t, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     if SWAP:
         acc0 = tl.trans(acc0)
