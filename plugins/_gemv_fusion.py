@@ -4,7 +4,8 @@ linear, done in the linear's own program (plugins/fp8_gemv.py's docstring gives 
 - `_row_rstd` / `_col_rstd`: per row (and per segment of K) rsqrt(mean(x²) + eps), the RMSNorm
   applied to x as it is loaded (add_rms_norm's maths: fp32 Σx² in a fixed order, times 1/len);
 - `_store_out`: bf16 rounding of the product, then SwiGLU over interleaved gate/up columns, or
-  a residual add and silu, each rounded to bf16 where the torch op it replaces rounds.
+  a residual add and silu, each rounded to bf16 where the torch op it replaces rounds;
+- `dot_swapped`: one K step of the small-batch form W·x^T (fp8_gemv.SWAP_ROWS).
 """
 
 from __future__ import annotations
@@ -110,3 +111,16 @@ def _store_out(y_ptr, r_ptr, out, m, c0, M, N, sr_m, C: tl.constexpr, ACT: tl.co
         yf = yb.to(tl.float32)
         yb = (yf / (1.0 + tl.exp(-yf))).to(tl.bfloat16)
     tl.store(y_ptr + m[:, None].to(tl.int64) * n_out + cols[None, :], yb, mask=mask)
+
+
+@jit
+def dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: tl.constexpr,
+                DOT_F32: tl.constexpr):
+    """acc [BLOCK_N, ROWS] += W_tile · x^T: the decoded weights wb [BLOCK_N, BLOCK_K] as the MMA's
+    A operand, the rows m [ROWS] of x (columns kx) as its N."""
+    xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
+    xt = tl.load(x_ptr + xr[None, :] * sx_m + kx[:, None], mask=kmask[:, None] & (m < M)[None, :],
+                 other=0.0)
+    if DOT_F32:
+        return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
+    return tl.dot(wb, xt, acc)

@@ -38,7 +38,7 @@ from ._common import pdl_enter, pdl_release
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
-from ._gemv_fusion import _col_rstd, _store_out, tile_rstds, x_rows
+from ._gemv_fusion import _col_rstd, _store_out, dot_swapped, tile_rstds, x_rows
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
@@ -47,24 +47,19 @@ ROWS = 16
 # kf/): QKV M=64 25.5 -> 22.1 µs, o_proj 23.7 -> 20.3, drafter 7680x2560 52.4 -> 48.6; M=32
 # 16.7 -> 14.7; the same bits (a tile's rows and K order do not change).
 MAX_TILES = 1
-# Plain per-tensor GEMVs past SWAP_ROWS rows (the target's QKV and o_proj at 9-64 rows): a
-# 32-wide N tile with up to 4 row tiles per program, each weight decoded once for all 64 rows
-# (a 16-wide tile makes four warps decode each weight twice). H200 (bench/gemv_tune.py
-# --kernels fp8tiles, bench/results/h200-2026-12-01b/np/tiles.log; the same bits): QKV M=16 /
-# 64 9.1 / 21.1 -> 7.8 / 13.1 µs, o_proj 8.8 / 19.5 -> 7.1 / 11.4. Block scales and the fused
-# forms keep BLOCK_N_MAX / MAX_TILES (not timed in this form).
+# Plain per-tensor GEMVs past SWAP_ROWS rows (QKV, o_proj): 32-wide N tiles, up to 4 row tiles
+# per program, each weight decoded once (H200, the same bits: QKV M=64 21.1 -> 13.1 µs,
+# bench/results/h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not timed so.
 WIDE_TILES = (32, 4)    # (N tile, row tiles per program)
 SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
-# At most SWAP_ROWS rows (0: never) without a norm prologue compute y^T = W·x^T: the weight
-# tile is the MMA's A operand and the rows its N, in one ROWS_SWAP-row tile (the MMA's smallest
-# N), one warp per program, instead of x·W^T in a 16-row tile whose four warps decode each
-# weight twice (N tile 16). H200 at one row (bench/results/h200-2026-12-01b/nl/, the same bits,
-# gpu_check 156/156 with it): QKV 9.0 -> 7.0 µs, o_proj 8.6 -> 6.5, the drafter's 7680x2560
-# with block scales 16.0 -> 8.8 (num_stages 5).
+# At most SWAP_ROWS rows (0: never) without a norm compute y^T = W·x^T, the weight tile the
+# MMA's A operand and the rows its N (one ROWS_SWAP-row tile, one warp per program; plugins/
+# NOTES.md "Weights as the MMA's A operand"): H200 at one row, the same bits, QKV 9.0 -> 7.0
+# µs, the drafter's block-scaled 7680x2560 16.0 -> 8.8 (bench/results/h200-2026-12-01b/nl/).
 SWAP_ROWS = 8
 ROWS_SWAP = 8
 TUNE_SWAP = dict(num_warps=1, num_stages=5)   # launch config of the swapped kernel
@@ -89,7 +84,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
     X_ROWS: x row ids[m] feeds output row m (`x_rows`). SWAP (MT 1, NORM 0): the tile as
-    W·x^T (`_dot_swapped`, SWAP_ROWS)."""
+    W·x^T (`dot_swapped`, SWAP_ROWS)."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
@@ -123,7 +118,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
         else:
             wb = e4m3_to_bf16(w, DECODE)
         if SWAP:
-            acc0 = _dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m0 + rows, M, s_ids, sx_m, acc0,
+            acc0 = dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m0 + rows, M, s_ids, sx_m, acc0,
                                 X_ROWS, DOT_F32)
         else:
             w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
@@ -169,19 +164,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
             tl.store(p_ptr + m[:, None].to(tl.int64) * N + n64[None, :], out,
                      mask=(m < M)[:, None] & nmask[None, :])
-
-
-@jit
-def _dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """acc [BLOCK_N, ROWS] += W_tile · x^T: the decoded weights wb [BLOCK_N, BLOCK_K] as the MMA's
-    A operand, the rows m [ROWS] of x (columns kx) as its N."""
-    xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
-    xt = tl.load(x_ptr + xr[None, :] * sx_m + kx[:, None], mask=kmask[:, None] & (m < M)[None, :],
-                 other=0.0)
-    if DOT_F32:
-        return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
-    return tl.dot(wb, xt, acc)
 
 
 @jit
