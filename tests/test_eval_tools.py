@@ -12,6 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+import eval_acceptance  # noqa: E402
+
+PROMPTS = eval_acceptance.PROMPTS   # the default --prompts-dir: ../shared/data/prompts
 
 
 def test_isolated_children_get_the_parents_options():
@@ -85,6 +88,7 @@ def test_streams_time_the_batch_over_its_wall(monkeypatch):
             eval_acceptance.main(["--engine", "e"] + bad)
 
 
+@pytest.mark.skipif(not PROMPTS.is_dir(), reason="shared/ prompt sets not beside the checkout")
 def test_skip_leaves_out_the_first_prompts_of_each_category():
     """`eval_acceptance --skip N`: each category's prompts start after its first N (held-out
     prompts), then the HumanEval ones."""
