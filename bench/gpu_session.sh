@@ -140,6 +140,9 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nr bash bench/gpu_session.sh   (~3 min, no engine) Nsight Compute on the swapped kernels
+#       (MoE at one token, NVFP4 LM head at one row, fp8_gemv QKV at 1 row) and fp8_gemv at 64
+#       rows (WIDE_TILES)
 #   PART=nq bash bench/gpu_session.sh   (~10 min, engine carry-b) fp8_gemv's WIDE_TILES: gpu_check of
 #       the FP8 GEMVs and the MoE (and the MoE with the swap at every chunk size), the trained
 #       default's gpu_runtime and gpu_drafter graphs, whole steps, bench/swap_ab.py --only
@@ -277,6 +280,14 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nr)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    ncuprof moe_m1 _moe_expert_kernel 2
+    ncuprof nvfp4_m1 _nvfp4_gemv_kernel 1
+    ncuprof qkv_m1 _fp8_gemv_kernel 1
+    ncuprof qkv_m64 _fp8_gemv_kernel 1
+    pack nr
+    ;;
   nq)
     unpack carry-b
     step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,moe

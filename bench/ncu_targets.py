@@ -4,12 +4,13 @@
     ncu --clock-control none -k regex:<kernel> --launch-skip 2 -c 1 --set full -o REP \\
         python3 bench/ncu_targets.py TARGET
 
-TARGET is one of TARGETS (below): INT4 / FP8 full-causal attention at B=16, 32k (decode, and 4
-query tokens per stream or 16-token pages for INT4), FP8 sliding-window attention (window 513) at B=1, moe_forward at
-one token, the NVFP4 LM head at one row and qk_norm_fold_int4 at one token. Each runs WARM + 3
-launches eagerly (no CUDA graph: ncu profiles launch by launch) with the inputs bench/plugins.py
-uses (random codes, random paged tables). `bench/gpu_session.sh` part `na` runs every target and
-writes each report's details and per-instruction source counters as text.
+TARGET is one of TARGETS (below): INT4 / FP8 full-causal attention at B=16, 32k (decode, and
+for INT4 also 4 query tokens per stream and 16-token pages), FP8 sliding-window attention
+(window 513) at B=1, moe_forward at one token, the NVFP4 LM head at one row, fp8_gemv at QKV's
+shape (one and 64 rows) and qk_norm_fold_int4 at one token. Each runs LAUNCHES launches eagerly
+(no CUDA graph: ncu profiles launch by launch) with the inputs bench/plugins.py uses (random
+codes, random paged tables). `bench/gpu_session.sh` parts `na` and `nr` profile them and write
+each report's details and per-instruction source counters as text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import plugin_timing as PT  # noqa: E402
 from gpu_check import load_plugins  # noqa: E402
 
 load_plugins()
+from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention  # noqa: E402
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention  # noqa: E402
 from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
@@ -69,6 +71,12 @@ def nvfp4_call(M: int):
     return lambda: nvfp4_gemv(x, *w)
 
 
+def fp8_gemv_call(M: int, N: int = 3584, K: int = 2560):
+    w = (torch.randn((N, K), device=DEV).to(PT.E4M3), torch.tensor([0.02], device=DEV))
+    x = torch.randn((M, K), device=DEV).bfloat16()
+    return lambda: fp8_gemv(x, *w)
+
+
 def fold_call(T: int):
     mq, mk = [m.to(DEV) for m in fold_matrices(torch.ones(128), torch.ones(128),
                                                hadamard_rotation(3))]
@@ -89,6 +97,8 @@ TARGETS = {  # name -> (kernel-name regex for ncu, builder)
     "sliding_b1": ("_fp8_attn_kernel", lambda: attn_call("fp8", 1, 1, window=513)),
     "moe_m1": ("_moe_expert_kernel", lambda: moe_call(1)),
     "nvfp4_m1": ("_nvfp4_gemv_kernel", lambda: nvfp4_call(1)),
+    "qkv_m1": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(1)),
+    "qkv_m64": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(64)),
     "fold_t1": ("_qk_fold_int4_kernel", lambda: fold_call(1)),
 }
 
