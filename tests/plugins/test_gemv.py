@@ -89,6 +89,24 @@ def test_fp8_wide_tiles_keep_bits(interp, monkeypatch, wide):
     assert torch.equal(fp8_gemv(x, *w, interpret=True), want)
 
 
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_swapped_form_keeps_bits(interp, monkeypatch, M):
+    """W·x^T (SWAP_ROWS, up to 8 rows) gives the bits of the 16-row x·W^T form: the same
+    products per MMA k-step (the H200 shows the same, bench/swap_ab.py)."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    nv = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
+    g = T.gen(90 + M)
+    x = T.randn((M, 256), g)
+    cases = [(f8, fp8_gemv, T.fp8_weight(72, 256, mode, g)) for mode in ("tensor", "block")]
+    cases.append((nv, nvfp4_gemv, T.nvfp4_weight(72, 256, g)))
+    for mod, fn, w in cases:
+        monkeypatch.setattr(mod, "SWAP_ROWS", 0)
+        want = fn(x, *w, interpret=True)
+        monkeypatch.setattr(mod, "SWAP_ROWS", 8)
+        assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
+
+
 def test_row_stride_and_cpu_path():
     g = T.gen(1)
     x = T.randn((4, 128), g)[:, :64]  # row stride 128, last dim contiguous

@@ -89,6 +89,18 @@ def test_interpreter_matches_reference(interp, monkeypatch, M, swap_tokens):
     assert T.rel_err(out, moe_forward_ref(x, *wts, top_k=K)) < INTERP_TOL
 
 
+@pytest.mark.parametrize("M,swap_tokens", [(1, 8), (3, 8), (8, 8), (33, 64)])
+def test_swapped_form_keeps_bits(interp, monkeypatch, M, swap_tokens):
+    """The W·x^T experts (SWAP_TOKENS) give the bits of the 16-token x·W^T form."""
+    g = T.gen(20 + M)
+    wts = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((M, H), g)
+    monkeypatch.setattr(ME, "SWAP_TOKENS", 0)
+    want = moe_forward(x, *wts, top_k=K, interpret=True)
+    monkeypatch.setattr(ME, "SWAP_TOKENS", swap_tokens)
+    assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
+
+
 def test_errors_name_the_argument():
     g = T.gen(1)
     rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
