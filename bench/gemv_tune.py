@@ -7,13 +7,14 @@ nvfp4: per head (LM head 131072 x 2560, drafter head slice 60614 x 2560) and M t
 defaults, then BLOCK_N x MAX_TILES x num_warps x num_stages (GRID).
 fp8: fp8_gemv at QKV 3584 x 2560 and o_proj 2560 x 2560 (per-tensor scale) and the drafter's
 7680 x 2560 (1x64 block scales), M = 1, 16, 64: BLOCK_K x num_stages (FP8_GRID: bytes in flight
-per program). fp8tiles: fp8_gemv at QKV and o_proj, M = 16 and 64 (the 16-row form): N tile
-x MAX_TILES x num_warps x split-K (FP8_TILE_GRID; split-K sets other bits). router: moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages x SPLIT_H. Time as
-bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays); bytes =
-the weights (+ block scales) + x + y; TB/s and % of the 4.14 TB/s read ceiling. Every
-variant's output is compared bit for bit with the defaults' (none changes a dot's K order: the
-N tile groups output columns, MAX_TILES groups 16-row tiles). The JSON (``gemv_tune.json``)
-holds every row.
+per program). fp8tiles: fp8_gemv at the three FP8 shapes, M = 16 and 64 (the 16-row form): N
+tile x row tiles x num_warps x split-K (FP8_TILE_GRID; split-K sets other bits). router:
+moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages x SPLIT_H x the top-k kernel's warps.
+Time as bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays);
+bytes = the weights (+ block scales) + x + y; TB/s and % of the 4.14 TB/s read ceiling. Every
+variant's output is compared bit for bit with the defaults' (the N tile groups output columns
+and MAX_TILES 16-row tiles, neither changes a dot's K order; split-K and the router's H split
+and top-k warps may). The JSON (``gemv_tune.json``) holds every row.
 """
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
 RT = importlib.import_module("kolibri_trt_plugins.moe_route")
 FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
 FP8_GRID = ([256, 512], [3, 4, 6, 8])    # BLOCK_K, num_stages (kf/ swept BLOCK_N_MAX, MAX_TILES)
-ROUTER_GRID = ([256, 512], [3], [1, 2, 4, 5])   # moe_route's BLOCK_H, num_stages, SPLIT_H
-# fp8_gemv's (N tile or None = block_n_for's, MAX_TILES, num_warps, SPLIT_K or None = by shape)
-FP8_TILE_GRID = [(32, 4, 4, None), (64, 4, 4, None), (64, 4, 4, 2), (64, 4, 4, 4), (32, 4, 4, 2),
-                 (64, 4, 8, 2), (16, 1, 2, None)]
-FP8_BLOCK_N_FOR = F8.block_n_for
+# moe_route's BLOCK_H, num_stages, SPLIT_H, TOPK_WARPS
+ROUTER_GRID = ([256, 512], [3], [1, 2, 4, 5], [4, 1])
+# fp8_gemv's (N tile, row tiles per program, num_warps, SPLIT_K or None = by shape) at 16 and
+# 64 rows: per-tensor shapes run them through WIDE_TILES, block scales through block_n_for /
+# MAX_TILES (both set here)
+FP8_TILE_GRID = [(16, 1, 4, None), (32, 4, 4, None), (64, 4, 4, None), (32, 2, 4, None),
+                 (16, 1, 2, None), (32, 4, 4, 2), (64, 4, 4, 4)]
+FP8_SAVED = (F8.block_n_for, F8.MAX_TILES, F8.WIDE_TILES, dict(F8.TUNE), F8.SPLIT_K)
 K = 2560
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
 # per M: the grid of (BLOCK_N, MAX_TILES, num_warps, num_stages) tried (kt/ swept them at M = 1,
@@ -69,34 +73,44 @@ def _set_fp8(block_k: int, stages: int) -> None:
     F8.TUNE["num_stages"] = stages
 
 
-def _set_fp8_tiles(bn, mt: int, warps: int, split) -> None:
-    F8.block_n_for = FP8_BLOCK_N_FOR if bn is None else (lambda n, bn=bn: bn)
+def _set_fp8_tiles(bn: int, mt: int, warps: int, split) -> None:
+    F8.block_n_for = lambda n, bn=bn: bn
     F8.MAX_TILES = mt
+    F8.WIDE_TILES = (bn, mt)
     F8.TUNE["num_warps"] = warps
     F8.SPLIT_K = split
 
 
 def fp8_tile_rows(rows: list) -> None:
-    """fp8_gemv QKV and o_proj at M = 16, 64 over FP8_TILE_GRID, bits vs the defaults."""
-    default = (None, F8.MAX_TILES, F8.TUNE["num_warps"], F8.SPLIT_K)
-    for name, n, _ in FP8_SHAPES[:2]:
-        ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3), torch.tensor([0.02], device=PT.DEV))
-              for _ in range(PT.sets_for(n * K))]
+    """fp8_gemv QKV, o_proj (per tensor) and the drafter's 7680x2560 (block scales) at M = 16,
+    64 over FP8_TILE_GRID, bits vs the defaults (split-K changes them)."""
+    warps, split = F8.TUNE["num_warps"], F8.SPLIT_K
+    for name, n, mode in FP8_SHAPES:
+        default = ((*F8.WIDE_TILES, warps, split) if mode == "tensor" else
+                   (F8.block_n_for(n), F8.MAX_TILES, warps, split))
+        ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
+               torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
+               else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
         for m in (16, 64):
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             nbytes = n * K + m * (n + K) * 2
             calls = [lambda w=w: fp8_gemv(x, *w) for w in ws]
             base = calls[0]()
-            for v, us, same in PT.variants(f"fp8 {name} M={m}", calls, default, FP8_TILE_GRID,
-                                           _set_fp8_tiles,
-                                           lambda y, base=base: torch.equal(y, base)):
-                pct = 100 * nbytes / (us * 1e-6) / PT.BW
-                rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_n=v[0],
-                                 max_tiles=v[1], warps=v[2], split_k=v[3], us=us, pct=pct,
-                                 bits_equal=same, default=v == default))
-                print(f"fp8 {name:8s} M={m:2d} bn={v[0]} tiles={v[1]} warps={v[2]} "
-                      f"split={v[3]} {us:8.1f} us {pct:5.1f}%  bits == default: {same}"
-                      f"{'  (default)' if v == default else ''}", flush=True)
+            try:
+                for v, us, same in PT.variants(f"fp8 {name} M={m}", calls, default,
+                                               FP8_TILE_GRID, _set_fp8_tiles,
+                                               lambda y, base=base: torch.equal(y, base)):
+                    pct = 100 * nbytes / (us * 1e-6) / PT.BW
+                    rows.append(dict(kernel="fp8_gemv", shape=name, M=m, block_n=v[0],
+                                     max_tiles=v[1], warps=v[2], split_k=v[3], us=us, pct=pct,
+                                     bits_equal=same, default=v == default))
+                    print(f"fp8 {name:12s} M={m:2d} bn={v[0]} tiles={v[1]} warps={v[2]} "
+                          f"split={v[3]} {us:8.1f} us {pct:5.1f}%  bits == default: {same}"
+                          f"{'  (default)' if v == default else ''}", flush=True)
+            finally:
+                F8.block_n_for, F8.MAX_TILES, F8.WIDE_TILES = FP8_SAVED[:3]
+                F8.TUNE.update(FP8_SAVED[3])
+                F8.SPLIT_K = FP8_SAVED[4]
         del ws
         torch.cuda.empty_cache()
 
@@ -127,16 +141,17 @@ def fp8_rows(rows: list) -> None:
         torch.cuda.empty_cache()
 
 
-def _set_router(block_h: int, stages: int, split_h: int) -> None:
-    RT.BLOCK_H, RT.SPLIT_H = block_h, split_h
+def _set_router(block_h: int, stages: int, split_h: int, topk_warps: int) -> None:
+    RT.BLOCK_H, RT.SPLIT_H, RT.TOPK_WARPS = block_h, split_h, topk_warps
     RT.TUNE["num_stages"] = stages
 
 
 def router_rows(rows: list) -> None:
     """moe_route (router logits GEMV + top-k) at E = 256, H = 2560, M = 1 and 64 over
-    ROUTER_GRID. Without an H split the ids and weights must equal the defaults' bit for bit;
-    with one (other logit bits) the ids must, and the weights within 1e-5."""
-    default = (RT.BLOCK_H, RT.TUNE["num_stages"], RT.SPLIT_H)
+    ROUTER_GRID. With the defaults' H split and top-k warps the ids and weights must equal the
+    defaults' bit for bit; otherwise (other logit or softmax-sum bits) the ids must, and the
+    weights within 1e-5."""
+    default = (RT.BLOCK_H, RT.TUNE["num_stages"], RT.SPLIT_H, RT.TOPK_WARPS)
     rws = [torch.randn((256, K), device=PT.DEV).bfloat16() * 0.05 for _ in range(32)]
     for m in (1, 64):
         x = torch.randn((m, K), device=PT.DEV).bfloat16()
@@ -148,12 +163,12 @@ def router_rows(rows: list) -> None:
         for v, us, (ids_same, wdiff) in PT.variants(f"router M={m}", calls, default,
                                                     itertools.product(*ROUTER_GRID),
                                                     _set_router, check):
-            ok = ids_same and (wdiff == 0.0 if v[2] == default[2] else wdiff < 1e-5)
+            ok = ids_same and (wdiff == 0.0 if v[2:] == default[2:] else wdiff < 1e-5)
             rows.append(dict(kernel="moe_route", M=m, block_h=v[0], stages=v[1], split_h=v[2],
-                             us=us, ids_equal=ids_same, max_weight_diff=wdiff, bits_equal=ok,
-                             default=v == default))
+                             topk_warps=v[3], us=us, ids_equal=ids_same, max_weight_diff=wdiff,
+                             bits_equal=ok, default=v == default))
             print(f"router M={m:2d} block_h={v[0]:4d} stages={v[1]} split_h={v[2]} "
-                  f"{us:8.1f} us"
+                  f"topk_warps={v[3]} {us:8.1f} us"
                   f"  ids equal: {ids_same}, weights within {wdiff:.1e}"
                   f"{'  (default)' if v == default else ''}", flush=True)
 

@@ -140,9 +140,10 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
-#   PART=nr bash bench/gpu_session.sh   (~3 min, no engine) Nsight Compute on the swapped kernels
+#   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
 #       (MoE at one token, NVFP4 LM head at one row, fp8_gemv QKV at 1 row) and fp8_gemv at 64
-#       rows (WIDE_TILES)
+#       rows (WIDE_TILES); bench/gemv_tune.py --kernels fp8tiles,router (fp8_gemv's tiles at
+#       16 and 64 rows incl. block scales; the router's splits and top-k warps)
 #   PART=nq bash bench/gpu_session.sh   (~10 min, engine carry-b) fp8_gemv's WIDE_TILES: gpu_check of
 #       the FP8 GEMVs and the MoE (and the MoE with the swap at every chunk size), the trained
 #       default's gpu_runtime and gpu_drafter graphs, whole steps, bench/swap_ab.py --only
@@ -286,6 +287,7 @@ case "${PART:-}" in
     ncuprof nvfp4_m1 _nvfp4_gemv_kernel 1
     ncuprof qkv_m1 _fp8_gemv_kernel 1
     ncuprof qkv_m64 _fp8_gemv_kernel 1
+    step tune 150 python3 bench/gemv_tune.py --kernels fp8tiles,router
     pack nr
     ;;
   nq)

@@ -28,6 +28,7 @@ BLOCK_E = 16
 BLOCK_H = 256
 TUNE = dict(num_warps=4, num_stages=3)
 SPLIT_H = 5      # H ranges per expert tile (module docstring)
+TOPK_WARPS = 4   # warps of the top-k kernel (its softmax sum's order follows them)
 
 
 @jit
@@ -150,7 +151,7 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
            router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
            ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret, **TUNE)
     launch(_topk_kernel, (M,), logits, ids, wts, M, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
-           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=4,
+           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=TOPK_WARPS,
            interpret=interpret)
     return ids, wts
 
