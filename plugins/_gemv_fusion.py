@@ -5,12 +5,17 @@ linear, done in the linear's own program (plugins/fp8_gemv.py's docstring gives 
   applied to x as it is loaded (add_rms_norm's maths: fp32 Σx² in a fixed order, times 1/len);
 - `_store_out`: bf16 rounding of the product, then SwiGLU over interleaved gate/up columns, or
   a residual add and silu, each rounded to bf16 where the torch op it replaces rounds;
-- `dot_swapped`: one K step of the small-batch form W·x^T (fp8_gemv.SWAP_ROWS).
+- `dot_swapped`: one K step of the small-batch form W·x^T (fp8_gemv.SWAP_ROWS);
+- `Fusion` (one call's fused options) and `check_fused` (their argument checks).
 """
 
 from __future__ import annotations
 
-from ._common import jit, tl
+from typing import NamedTuple
+
+import torch
+
+from ._common import check_tensor, jit, tl
 
 
 @jit
@@ -124,3 +129,50 @@ def dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: t
     if DOT_F32:
         return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
     return tl.dot(wb, xt, acc)
+
+
+ACTS = ("none", "silu", "swiglu")   # the epilogue's activation, ACT = ACTS.index(act)
+MAX_NORM_SEGMENTS = 8                # norm_segments: unrolled per K step in the kernel
+
+
+class Fusion(NamedTuple):
+    """The fused glue of one call (`fp8_gemv`'s keyword arguments; all off by default)."""
+    norm: torch.Tensor | None = None       # bf16 [K] gain of the RMSNorm prologue
+    eps: float = 1e-6                      # its epsilon
+    act: str = "none"                      # one of ACTS
+    residual: torch.Tensor | None = None   # bf16 [M, N], added in the epilogue
+    norm_segments: int = 1                 # the norm per K / norm_segments-column segment
+    x_rows: torch.Tensor | None = None     # int64 [M]: output row m reads x row x_rows[m]
+
+    @property
+    def plain(self) -> bool:
+        return self.norm is None and self.act == "none" and self.residual is None \
+            and self.x_rows is None
+
+
+NO_FUSION = Fusion()
+
+
+def check_fused(x, n, f: Fusion) -> None:
+    """The fused options' arguments (ValueError naming the bad one)."""
+    K = x.shape[1]
+    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
+    if f.act not in ACTS:
+        raise ValueError(f"act: must be one of {list(ACTS)}, got {f.act!r}")
+    if f.x_rows is not None:
+        check_tensor("x_rows", f.x_rows, torch.int64, (None,), x.device, contiguous=False)
+    if f.norm is not None:
+        check_tensor("norm", f.norm, torch.bfloat16, (K,), x.device)
+    ns = f.norm_segments
+    if not isinstance(ns, int) or not 1 <= ns <= MAX_NORM_SEGMENTS or K % ns:
+        raise ValueError(f"norm_segments: must divide K = {K}, 1..{MAX_NORM_SEGMENTS}, got "
+                         f"{ns!r}")
+    if f.act == "swiglu" and n % 2:
+        raise ValueError(f"act: swiglu needs an even number of weight rows, got {n}")
+    if f.residual is not None:
+        if f.act == "swiglu":
+            raise ValueError("residual: not supported with act='swiglu'")
+        check_tensor("residual", f.residual, torch.bfloat16, (M, n), x.device, contiguous=False)
+        if f.residual.stride(1) != 1:
+            raise ValueError(f"residual: last dim must have stride 1, strides "
+                             f"{f.residual.stride()}")

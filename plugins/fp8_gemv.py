@@ -28,8 +28,6 @@ each step the bf16 torch op it replaces, fp32 inside, rounded to bf16 where torc
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
@@ -38,7 +36,8 @@ from ._common import pdl_enter, pdl_release
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
-from ._gemv_fusion import _col_rstd, _store_out, dot_swapped, tile_rstds, x_rows
+from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
+                           dot_swapped, tile_rstds, x_rows)
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
@@ -200,26 +199,6 @@ def fp8_dequantize_ref(weight, weight_scale) -> torch.Tensor:
     return w * s.repeat_interleave(SUB_K, dim=1)[:, : w.shape[1]]
 
 
-ACTS = ("none", "silu", "swiglu")   # the epilogue's activation, ACT = ACTS.index(act)
-MAX_NORM_SEGMENTS = 8                # norm_segments: unrolled per K step in the kernel
-
-
-class Fusion(NamedTuple):
-    """The fused glue of one call (`fp8_gemv`'s keyword arguments; all off by default)."""
-    norm: torch.Tensor | None = None       # bf16 [K] gain of the RMSNorm prologue
-    eps: float = 1e-6                      # its epsilon
-    act: str = "none"                      # one of ACTS
-    residual: torch.Tensor | None = None   # bf16 [M, N], added in the epilogue
-    norm_segments: int = 1                 # the norm per K / norm_segments-column segment
-    x_rows: torch.Tensor | None = None     # int64 [M]: output row m reads x row x_rows[m]
-
-    @property
-    def plain(self) -> bool:
-        return self.norm is None and self.act == "none" and self.residual is None \
-            and self.x_rows is None
-
-
-NO_FUSION = Fusion()
 
 
 def fp8_gemv_ref(x, weight, weight_scale, fusion: Fusion = NO_FUSION) -> torch.Tensor:
@@ -344,31 +323,6 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     return y
 
 
-def _check_fused(x, n, f: Fusion) -> None:
-    """The fused options' arguments (ValueError naming the bad one)."""
-    K = x.shape[1]
-    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
-    if f.act not in ACTS:
-        raise ValueError(f"act: must be one of {list(ACTS)}, got {f.act!r}")
-    if f.x_rows is not None:
-        check_tensor("x_rows", f.x_rows, torch.int64, (None,), x.device, contiguous=False)
-    if f.norm is not None:
-        check_tensor("norm", f.norm, torch.bfloat16, (K,), x.device)
-    ns = f.norm_segments
-    if not isinstance(ns, int) or not 1 <= ns <= MAX_NORM_SEGMENTS or K % ns:
-        raise ValueError(f"norm_segments: must divide K = {K}, 1..{MAX_NORM_SEGMENTS}, got "
-                         f"{ns!r}")
-    if f.act == "swiglu" and n % 2:
-        raise ValueError(f"act: swiglu needs an even number of weight rows, got {n}")
-    if f.residual is not None:
-        if f.act == "swiglu":
-            raise ValueError("residual: not supported with act='swiglu'")
-        check_tensor("residual", f.residual, torch.bfloat16, (M, n), x.device, contiguous=False)
-        if f.residual.stride(1) != 1:
-            raise ValueError(f"residual: last dim must have stride 1, strides "
-                             f"{f.residual.stride()}")
-
-
 def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps: float = 1e-6,
              act: str = "none", residual=None, norm_segments: int = 1, x_rows=None
              ) -> torch.Tensor:
@@ -409,7 +363,7 @@ def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps
         raise ValueError(f"weight_scale: shape {tuple(weight_scale.shape)}, expected one element, "
                          f"[{N}] or [{N}, {K // SUB_K}]")
     f = Fusion(norm, float(eps), act, residual, norm_segments, x_rows)
-    _check_fused(x, N, f)
+    check_fused(x, N, f)
     if interpret:
         return _launch(x, weight, weight_scale, f, True)
     if f.plain:
