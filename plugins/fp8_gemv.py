@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
+from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
 from ._e4m3_decode import e4m3_to_bf16
@@ -133,14 +134,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                     xt = ((xt.to(tl.float32) * rk) * gk[None, :]).to(tl.bfloat16)
                 if DOT_F32:
                     xt = xt.to(tl.float32)
-                if t == 0:
-                    acc0 = tl.dot(xt, w_t, acc0)
-                elif t == 1:
-                    acc1 = tl.dot(xt, w_t, acc1)
-                elif t == 2:
-                    acc2 = tl.dot(xt, w_t, acc2)
-                else:
-                    acc3 = tl.dot(xt, w_t, acc3)
+                acc0, acc1, acc2, acc3 = dot_into(t, xt, w_t, acc0, acc1, acc2, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     if SWAP:
         acc0 = tl.trans(acc0)
@@ -153,14 +147,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             scale = 1.0
         for t in tl.static_range(MT):
             m = m0 + t * ROWS + rows
-            out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+            out = tile_acc(t, acc0, acc1, acc2, acc3)
             _store_out(y_ptr, r_ptr, out * scale, m, pid_n * BLOCK_N, M, N, sr_m, BLOCK_N, ACT,
                        RES)
     else:  # unscaled fp32 partial of K range program_id(2)
         p_ptr = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         for t in tl.static_range(MT):
             m = m0 + t * ROWS + rows
-            out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+            out = tile_acc(t, acc0, acc1, acc2, acc3)
             tl.store(p_ptr + m[:, None].to(tl.int64) * N + n64[None, :], out,
                      mask=(m < M)[:, None] & nmask[None, :])
 

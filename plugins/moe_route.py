@@ -19,6 +19,7 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
+from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
 
@@ -59,18 +60,11 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                          mask=(m < M)[:, None] & (hh < H)[None, :], other=0.0)
             if DOT_F32:
                 xt = xt.to(tl.float32)
-            if t == 0:
-                acc0 = tl.dot(xt, w_t, acc0)
-            elif t == 1:
-                acc1 = tl.dot(xt, w_t, acc1)
-            elif t == 2:
-                acc2 = tl.dot(xt, w_t, acc2)
-            else:
-                acc3 = tl.dot(xt, w_t, acc3)
+            acc0, acc1, acc2, acc3 = dot_into(t, xt, w_t, acc0, acc1, acc2, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows
-        out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+        out = tile_acc(t, acc0, acc1, acc2, acc3)
         tl.store(lg_ptr + m[:, None].to(tl.int64) * E + e[None, :], out,
                  mask=(m < M)[:, None] & (e < E)[None, :])
 

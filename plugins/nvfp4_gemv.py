@@ -23,6 +23,7 @@ import torch
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
 from ._common import pdl_enter, pdl_release
+from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._gemv_fusion import _col_rstd, tile_rstds
 from .add_rms_norm import add_rms_norm_ref
@@ -198,14 +199,9 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
                 xo = xo.to(tl.float32)
             if SWAP:
                 acc0 = tl.dot(w_hi, tl.trans(xo), tl.dot(w_lo, tl.trans(xe), acc0))
-            elif t == 0:
-                acc0 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc0))
-            elif t == 1:
-                acc1 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc1))
-            elif t == 2:
-                acc2 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc2))
-            else:
-                acc3 = tl.dot(xo, w_hi, tl.dot(xe, w_lo, acc3))
+            else:   # even k, then odd k, into row tile t's accumulator
+                acc0, acc1, acc2, acc3 = dot_into(t, xe, w_lo, acc0, acc1, acc2, acc3)
+                acc0, acc1, acc2, acc3 = dot_into(t, xo, w_hi, acc0, acc1, acc2, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     if SWAP:
         acc0 = tl.trans(acc0)
@@ -214,7 +210,7 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
         gs = gs * 65536.0   # the weights were value · scale · 2^-16 (exact powers of two)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows
-        out = acc0 if t == 0 else (acc1 if t == 1 else (acc2 if t == 2 else acc3))
+        out = tile_acc(t, acc0, acc1, acc2, acc3)
         tl.store(y_ptr + m[:, None].to(tl.int64) * N + n64[None, :], (out * gs).to(tl.bfloat16),
                  mask=(m < M)[:, None] & nmask[None, :])
 
