@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
-"""Two weight decodes against each other (DECODE A and B; by default the e4m3 kernels' bit
-placement 2 against its shorter form 3, and nvfp4's conversion unit 1 against bit placement 2),
-H200, full Kolibri-1 shapes, one call:
+"""Two weight decodes against each other (DECODE A and B: the conversion unit 1 against bit
+placement 3), H200, full Kolibri-1 shapes, one call:
 
-    python3 bench/decode_ab.py [--out DIR] [--only fp8_gemv,moe,nvfp4] [--modes 2,3]
-        [--nvfp4-modes 2,3]
+    python3 bench/decode_ab.py [--out DIR] [--only fp8_gemv,moe,nvfp4] [--modes 1,3]
+        [--nvfp4-modes 1,3]
 
 fp8_gemv (QKV 3584x2560 and o_proj 2560x2560, per-tensor scale; M = 1, 16, 64), moe_forward
 (E = 256, top-6, H = 2560, I = 768 + shared; M = 1, 4, 16, 64) and nvfp4_gemv (e2m1 decode: via
@@ -12,10 +11,10 @@ e4m3 and the conversion unit, or bit placement; the LM head 131072x2560 at M = 1
 drafter head 60614x2560 at M = 1, 16); `--only` picks among them. Each at DECODE A, then B, then A
 again (the first and last bracket drifts of the clock), timed as bench/plugins.py (one CUDA
 graph over rotated input sets, median of 5 x 20 replays). `--modes A,B` applies to fp8_gemv and
-moe (plugins/_e4m3_decode.py: 1 conversion unit, 2 bit placement, 3 bit placement with the sign
-by prmt's sign replication); `--nvfp4-modes` to nvfp4 (1 via e4m3 and the conversion unit, 2
-bit placement, 3 with the signs by sign replication). Outputs must be bit-identical across the
-two; the exit code says whether they were. At 7a98413 it also
+moe (plugins/_e4m3_decode.py), `--nvfp4-modes` to nvfp4 (1 via e4m3 and the conversion unit).
+Outputs must be bit-identical across the two; the exit code says whether they were. Mode 2
+(bit placement with the signs by lop3) was removed after bench/results/h200-2026-12-01b/nk/ and
+nn/ compared it with 3. At 7a98413 it also
 compared nvfp4_gemv's byte-table decode, since removed (bench/results/h200-2026-11-30k/kd/).
 """
 
@@ -43,8 +42,8 @@ from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 MODS = {name: importlib.import_module(f"kolibri_trt_plugins.{name}")
         for name in ("fp8_gemv", "moe_experts", "nvfp4_gemv")}
 KERNELS = ("fp8_gemv", "moe", "nvfp4")
-E4M3_MODES = (1, 2, 3)   # plugins/_e4m3_decode.py
-NVFP4_MODES = (1, 2, 3)
+E4M3_MODES = (1, 3)   # plugins/_e4m3_decode.py DECODES
+NVFP4_MODES = (1, 3)  # nvfp4_gemv.DECODES
 
 
 def ab(label: str, mod: str, calls, nbytes: float, rows: list, modes: tuple[int, int]) -> None:
@@ -99,8 +98,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--only", default=",".join(KERNELS), help=f"comma list of {KERNELS}")
-    ap.add_argument("--modes", default="2,3", help="A,B: the e4m3 decodes of fp8_gemv and moe")
-    ap.add_argument("--nvfp4-modes", default="2,3", help="A,B: nvfp4_gemv's e2m1 decodes")
+    ap.add_argument("--modes", default="1,3", help="A,B: the e4m3 decodes of fp8_gemv and moe")
+    ap.add_argument("--nvfp4-modes", default="1,3", help="A,B: nvfp4_gemv's e2m1 decodes")
     a = ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
     modes = parse_modes("--modes", a.modes, E4M3_MODES)
     nv_modes = parse_modes("--nvfp4-modes", a.nvfp4_modes, NVFP4_MODES)

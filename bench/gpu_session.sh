@@ -163,7 +163,8 @@
 #       in the 16-row form (SWAP_TOKENS / SWAP_ROWS 0; at 4d1292d: the one-token swap off) and
 #       with the defaults, then bench/swap_ab.py
 #   PART=nk bash bench/gpu_session.sh   (~3 min, no engine) bench/decode_ab.py: the e4m3 decode 3
-#       (prmt sign replication) against 2 in fp8_gemv and the MoE, timings and bit equality
+#       (prmt sign replication) against the conversion unit (at 6ea5bf4: against mode 2, since
+#       removed) in fp8_gemv and the MoE, timings and bit equality
 #   PART=nj bash bench/gpu_session.sh   (~7 min, no engine) the BLOCK 16 value path of 8cc5b7a:
 #       gpu_check fold,int4,fp8attn, the attention table (its blk=16 rows), whole steps,
 #       Nsight Compute on INT4 attention with 16-token pages at B=16, 32k
@@ -317,7 +318,7 @@ case "${PART:-}" in
     step check 150 python3 bench/gpu_check.py --only nvfp4,moe
     step check_swap 90 python3 bench/gpu_check.py --only nvfp4 --set nvfp4_gemv.SWAP_ROWS=8
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step decode 120 python3 bench/decode_ab.py --only nvfp4 --nvfp4-modes 2,3
+    step decode 120 python3 bench/decode_ab.py --only nvfp4 --nvfp4-modes 1,3  # 2,3 at 7cfa311
     step swap 150 python3 bench/swap_ab.py --only nvfp4
     step plugins 100 python3 bench/plugins.py --only gemv,moe --csv "$OUT/plugins.csv"
     pack nn
@@ -341,7 +342,7 @@ case "${PART:-}" in
     ;;
   nk)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step decode 240 python3 bench/decode_ab.py --only fp8_gemv,moe --modes 2,3
+    step decode 240 python3 bench/decode_ab.py --only fp8_gemv,moe --modes 1,3  # 2,3 at 6ea5bf4
     pack nk
     ;;
   nj)

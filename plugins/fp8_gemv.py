@@ -36,7 +36,7 @@ from ._common import pdl_enter, pdl_release
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
-from ._e4m3_decode import e4m3_to_bf16
+from ._e4m3_decode import check_decode, e4m3_to_bf16
 from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
                            dot_swapped, tile_rstds, x_rows)
 from .add_rms_norm import add_rms_norm_ref
@@ -55,7 +55,7 @@ SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
+DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # At most SWAP_ROWS rows (0: never) without a norm compute y^T = W·x^T, the weight tile the
 # MMA's A operand and the rows its N (one ROWS_SWAP-row tile, one warp per program; plugins/
 # NOTES.md "Weights as the MMA's A operand"): H200 at one row, the same bits, QKV 9.0 -> 7.0
@@ -284,6 +284,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     y = torch.empty((M, N // 2 if code == 2 else N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
+    check_decode("fp8_gemv", DECODE)
     swap = M <= SWAP_ROWS and f.norm is None
     rows = ROWS_SWAP if swap else ROWS
     mode = scale_mode(weight, weight_scale)

@@ -25,7 +25,7 @@ import torch
 from ._common import cdiv, jit, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
 from ._split_k import k_range, num_splits, sum_splits
-from ._e4m3_decode import e4m3_to_bf16
+from ._e4m3_decode import check_decode, e4m3_to_bf16
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
@@ -42,7 +42,7 @@ BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS F
 TILES_BY_TOKENS = True
 TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128))}  # gated?
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
-DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 2/3 bit placement (_e4m3_decode)
+DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # Chunks of at most SWAP_TOKENS tokens (0: none) compute out^T = W·x^T: the weight tile is the
 # MMA's A operand (gate and up rows stacked in one [2·BLOCK_N, BLOCK_K] tile) and the tokens its
 # N, in ROWS_SWAP-token tiles (the MMA's smallest N), instead of x·W^T in 16-token tiles. AOT
@@ -365,6 +365,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
     grid = (cdiv(max(n, n_sh_eff), bn), units)
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
+    check_decode("moe_experts", DECODE)
     swap = M <= SWAP_TOKENS
     rows = ROWS_SWAP if swap else ROWS
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),

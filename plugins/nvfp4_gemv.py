@@ -31,13 +31,12 @@ from .add_rms_norm import add_rms_norm_ref
 ROWS = 16        # activation rows per dot
 MAX_TILES = 4    # up to 64 activation rows per program (weights read once for them)
 BLOCK_K = 256
-# e2m1 -> bf16: 1 via e4m3 and the conversion unit, 2 bit placement (the same bits; H200 LM head
-# M = 1 / 16 / 64 94.5 / 96.1 / 253.1 -> 88.3 / 91.2 / 237.0 µs, bench/decode_ab.py --only nvfp4,
-# bench/results/h200-2026-11-30m/mu/nvfp4ab.log); 3 the signs by prmt's sign replication
-# (`_e2m1_pairs_to_bf16`; AOT sm_90 LM head loop at one row 1,139 -> 980 instructions; H200
-# LM head M = 1 / 16 87.9 / 90.2 -> 75.1 / 76.9 µs, drafter head 45.5 / 46.5 -> 39.7 / 40.7, the
-# same bits, bench/results/h200-2026-12-01b/nn/decode.log)
+# e2m1 -> bf16: 1 via e4m3 and the conversion unit, 3 bit placement (`_e2m1_pairs_to_bf16`; the
+# same bits). H200 LM head at M = 1 / 16: 94.5 / 96.1 µs (1) -> 88.3 / 91.2 (bit placement with
+# the signs by lop3, bench/results/h200-2026-11-30m/mu/) -> 75.1 / 76.9 (3, signs by sign
+# replication, bench/results/h200-2026-12-01b/nn/decode.log).
 DECODE = 3
+DECODES = (1, 3)
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 # At most SWAP_ROWS rows (0: never) compute y^T = W·x^T: the decoded weight tiles are the MMA's A
 # operand and the rows its N, one ROWS_SWAP-row tile (plugins/fp8_gemv.py SWAP_ROWS). AOT sm_90
@@ -73,20 +72,20 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 
 
 @jit
-def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr, DECODE: tl.constexpr = 2):
-    """DECODE 2 and 3: uint8 [.., n] packed e2m1 pairs and bf16 block scales sb (= e4m3 scale ·
+def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr):
+    """DECODE 3: uint8 [.., n] packed e2m1 pairs and bf16 block scales sb (= e4m3 scale ·
     2^110, same shape) -> (low, high nibbles) as bf16 = value · scale · 2^-16, exactly.
 
     The nibble's magnitude bits (e1 e0 m) go to bf16 bits 8..6 (the exponent's two low bits and
     the top mantissa bit) and its sign to bit 15: value · 2^-126 for every code (e2m1's
     subnormal 0.5 becomes a bf16 subnormal). One mul.rn.bf16x2 by sb per two weights makes
     value · scale · 2^-16 (≤ 6 significant bits, normal: exact); the kernel multiplies the fp32
-    result by 2^16, so the output bits equal DECODE 1's. Per 8 weights: 2 prmt, 16 integer
-    instructions, 4 multiplies; no conversion-unit instructions. DECODE 3 takes each sign from
-    prmt's sign replication (of the byte's top bit: the high nibble's sign, and after a shift of
-    the word by 4 the low nibble's): per pair of halves one prmt, a shift by 2 and one and with
-    0x81C081C0 (plugins/_e4m3_decode.py DECODE 3); per 8 weights 17 instructions, not 22."""
-    if USE_ASM and DECODE == 3:
+    result by 2^16, so the output bits equal DECODE 1's. Each sign comes from prmt's sign
+    replication (of the byte's top bit: the high nibble's sign, and after a shift of the word by
+    4 the low nibble's): per pair of halves one prmt, a shift by 2 and one and with 0x81C081C0
+    (plugins/_e4m3_decode.py). Per 8 weights 17 instructions, no conversion-unit ones (DECODE
+    2, the default until 7cfa311, placed the signs by shifts and lop3: 22)."""
+    if USE_ASM:
         lo, hi = tl.inline_asm_elementwise(
             "{ .reg .b32 p, w, z, k; mov.b32 z, 0; mov.b32 k, 0x81C081C0; shl.b32 w, $4, 4; "
             "prmt.b32 p, w, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
@@ -97,21 +96,6 @@ def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr, DECODE: tl.constexpr = 2)
             "mul.rn.bf16x2 $2, p, $5; "
             "prmt.b32 p, $4, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
             "mul.rn.bf16x2 $3, p, $6; }",
-            "=r,=r,=r,=r,r,r,r", [wq, sb], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-            pack=4)
-    elif USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 p, t, u, z, s; mov.b32 z, 0; mov.b32 s, 0x80008000; "
-            "prmt.b32 p, $4, z, 0x4140; "
-            "and.b32 t, p, 0x00070007; shl.b32 t, t, 6; shl.b32 u, p, 12; "
-            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $0, t, $5; "
-            "and.b32 t, p, 0x00700070; shl.b32 t, t, 2; shl.b32 u, p, 8; "
-            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $2, t, $5; "
-            "prmt.b32 p, $4, z, 0x4342; "
-            "and.b32 t, p, 0x00070007; shl.b32 t, t, 6; shl.b32 u, p, 12; "
-            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $1, t, $6; "
-            "and.b32 t, p, 0x00700070; shl.b32 t, t, 2; shl.b32 u, p, 8; "
-            "lop3.b32 t, t, u, s, 0xF8; mul.rn.bf16x2 $3, t, $6; }",
             "=r,=r,=r,=r,r,r,r", [wq, sb], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
             pack=4)
     else:  # the same values by arithmetic (the interpreter flushes bf16 subnormals)
@@ -165,11 +149,11 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
         ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
         bs = tl.load(ws_ptr + n64[:, None] * ss_n + ks[None, :],
                      mask=nmask[:, None] & (ks < ss_n)[None, :], other=0.0)
-        if DECODE >= 2:
+        if DECODE == 3:
             sb = (bs.to(tl.float32) * 1.2980742146337069e33).to(tl.bfloat16)  # · 2^110, exact
             sb = tl.reshape(tl.broadcast_to(sb[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
                             (BLOCK_N, HB))
-            w_lo, w_hi = _e2m1_pairs_to_bf16(wq, sb, USE_ASM, DECODE)
+            w_lo, w_hi = _e2m1_pairs_to_bf16(wq, sb, USE_ASM)
         else:
             sc = bs.to(tl.float16) * 64.0  # undo the 2^-6 of the e4m3 trick; exact in fp16
             sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)),
@@ -206,7 +190,7 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
     if SWAP:
         acc0 = tl.trans(acc0)
     gs = tl.load(gs_ptr)
-    if DECODE >= 2:
+    if DECODE == 3:
         gs = gs * 65536.0   # the weights were value · scale · 2^-16 (exact powers of two)
     for t in tl.static_range(MT):
         m = m0 + t * ROWS + rows
@@ -292,6 +276,8 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
+    if DECODE not in DECODES:
+        raise ValueError(f"nvfp4_gemv.DECODE: {DECODE!r}, want one of {DECODES}")
     swap = M <= SWAP_ROWS
     rows = ROWS_SWAP if swap else ROWS
     mt = min(MAX_TILES, cdiv(M, rows))

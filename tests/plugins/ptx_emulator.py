@@ -10,13 +10,11 @@ import torch
 MASK = 0xFFFFFFFF
 
 
-def asm_text(path: str, function: str, nth: int = 0) -> str:
-    """The asm string of inline_asm_elementwise number `nth` (0: the first) in `function`, read
-    from the source file at `path` (its adjacent string literals joined)."""
+def asm_text(path: str, function: str) -> str:
+    """The asm string of the first inline_asm_elementwise in `function`, read from the source
+    file at `path` (its adjacent string literals joined)."""
     src = Path(path).read_text()
     body = src[src.index(f"def {function}"):]
-    for _ in range(nth):
-        body = body[body.index('"=r,') + 4:]
     body = body[body.index("inline_asm_elementwise("):body.index('"=r,')]
     return "".join(re.findall(r'"([^"]*)"', body))
 

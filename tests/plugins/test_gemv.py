@@ -107,6 +107,18 @@ def test_swapped_form_keeps_bits(interp, monkeypatch, M):
         assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
 
 
+def test_unknown_decode_mode_raises(monkeypatch):
+    """A DECODE setting the kernels do not have raises, naming the module (no silent fallback)."""
+    import importlib
+    g = T.gen(3)
+    x = T.randn((2, 64), g)
+    for name, fn, w in (("fp8_gemv", fp8_gemv, T.fp8_weight(8, 64, "tensor", g)),
+                        ("nvfp4_gemv", nvfp4_gemv, T.nvfp4_weight(8, 64, g))):
+        monkeypatch.setattr(importlib.import_module(f"kolibri_trt_plugins.{name}"), "DECODE", 2)
+        with pytest.raises(ValueError, match=f"^{name}.DECODE"):
+            fn(x, *w, interpret=True)
+
+
 def test_row_stride_and_cpu_path():
     g = T.gen(1)
     x = T.randn((4, 128), g)[:, :64]  # row stride 128, last dim contiguous

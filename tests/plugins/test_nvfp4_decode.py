@@ -1,5 +1,5 @@
-"""nvfp4_gemv's DECODE 3 and 2 (e2m1 -> bf16 by bit placement and one bf16 multiply by the
-block scale): each PTX through tests/plugins/ptx_emulator.py over every byte, and the kernel in the
+"""nvfp4_gemv's DECODE 3 (e2m1 -> bf16 by bit placement and one bf16 multiply by the block
+scale): the PTX through tests/plugins/ptx_emulator.py over every byte, and the kernel in the
 interpreter bit-identical to DECODE 1."""
 
 import importlib
@@ -21,20 +21,16 @@ def _sb(scale: float) -> int:
     return bf16_bits(torch.tensor([scale * 2.0 ** 110]).to(torch.bfloat16))
 
 
-ASM = {3: 0, 2: 1}   # DECODE mode -> its inline asm's place in _e2m1_pairs_to_bf16
-
-
-def _decode(word: int, s01: int, s23: int, mode: int = 3) -> tuple[list[int], list[int]]:
-    regs = run_ptx(asm_text(NV.__file__, "_e2m1_pairs_to_bf16", ASM[mode]),
+def _decode(word: int, s01: int, s23: int) -> tuple[list[int], list[int]]:
+    regs = run_ptx(asm_text(NV.__file__, "_e2m1_pairs_to_bf16"),
                    {"$4": word, "$5": s01, "$6": s23})
     halves = lambda a, b: [(regs[a] >> 0) & 0xFFFF, regs[a] >> 16, regs[b] & 0xFFFF,  # noqa: E731
                            regs[b] >> 16]
     return halves("$0", "$1"), halves("$2", "$3")
 
 
-@pytest.mark.parametrize("mode", sorted(ASM))
 @pytest.mark.parametrize("scale", SCALES)
-def test_every_byte_at_every_position(scale, mode):
+def test_every_byte_at_every_position(scale):
     """Low and high nibble of each byte value, at each of the four byte positions: bf16 of
     e2m1 · scale · 2^-16 (exact), the neighbours' halves untouched."""
     s = _sb(scale)
@@ -42,7 +38,7 @@ def test_every_byte_at_every_position(scale, mode):
     for pos in range(4):
         for b in range(256):
             word = (b << (8 * pos)) | (0x22 << (8 * ((pos + 1) % 4)))   # 1.0 | 1.0 beside it
-            lo, hi = _decode(word, pair, pair, mode)
+            lo, hi = _decode(word, pair, pair)
             for got, code in ((lo, b & 15), (hi, b >> 4)):
                 want = bf16_bits(torch.tensor([float(E2M1[code]) * scale * 2.0 ** -16])
                                  .to(torch.bfloat16))
@@ -51,9 +47,8 @@ def test_every_byte_at_every_position(scale, mode):
             assert lo[(pos + 1) % 4] == one and hi[(pos + 1) % 4] == one
 
 
-@pytest.mark.parametrize("mode", sorted(ASM))
-def test_each_half_takes_its_own_scale(mode):
-    lo, hi = _decode(0x22222222, _sb(1.0) | (_sb(2.0) << 16), _sb(4.0) | (_sb(8.0) << 16), mode)
+def test_each_half_takes_its_own_scale():
+    lo, hi = _decode(0x22222222, _sb(1.0) | (_sb(2.0) << 16), _sb(4.0) | (_sb(8.0) << 16))
     want = [bf16_bits(torch.tensor([v * 2.0 ** -16]).to(torch.bfloat16)) for v in (1, 2, 4, 8)]
     assert lo == want and hi == want
 
@@ -61,7 +56,7 @@ def test_each_half_takes_its_own_scale(mode):
 @pytest.mark.parametrize("M,N,K,norm", [(1, 72, 64, False), (17, 40, 96, False),
                                         (3, 48, 64, True)])
 @pytest.mark.parametrize("swap_rows", [0, 8])
-def test_interpreter_decode_2_equals_decode_1(interp, monkeypatch, M, N, K, norm, swap_rows):
+def test_interpreter_decode_3_equals_decode_1(interp, monkeypatch, M, N, K, norm, swap_rows):
     """Also with the rows as the MMA's N (SWAP_ROWS 8: M <= 8 as W·x^T)."""
     monkeypatch.setattr(NV, "SWAP_ROWS", swap_rows)
     g = T.gen(M + N + K)
@@ -70,5 +65,5 @@ def test_interpreter_decode_2_equals_decode_1(interp, monkeypatch, M, N, K, norm
     kw = dict(norm=T.randn((K,), g)) if norm else {}
     monkeypatch.setattr(NV, "DECODE", 1)
     want = nvfp4_gemv(x, *w, interpret=True, **kw)
-    monkeypatch.setattr(NV, "DECODE", 2)
+    monkeypatch.setattr(NV, "DECODE", 3)
     assert torch.equal(nvfp4_gemv(x, *w, interpret=True, **kw), want)
