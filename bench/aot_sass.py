@@ -36,7 +36,7 @@ PRESETS = {
         x_ptr="*bf16", w_ptr="*u8", ws_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16",
         g_ptr="*bf16", M="i32", N="i32", K="i32", sx_m="i32", sw_n="i32", ss_n="i32", eps="fp32",
         BLOCK_N=64,
-        BLOCK_K=256, ROWS=16, MT=1, USE_ASM=True, DOT_F32=False, NORM=False),
+        BLOCK_K=256, ROWS=16, MT=1, USE_ASM=True, DOT_F32=False, NORM=False, DECODE=3),
         ("x_ptr", "w_ptr", "ws_ptr", "gs_ptr", "y_ptr", "g_ptr", "N", "K", "sx_m", "sw_n",
          "ss_n")),
     "moe_gate_up": ("moe_experts", "_moe_expert_kernel", dict(
@@ -44,14 +44,14 @@ PRESETS = {
         shs_ptr="*fp32", o_ptr="*bf16", M="i32", N="i32", K="i32", N_SH="i32", K_SH="i32",
         sa_m="i32", sa_s="i32", so_s="i32", sp_s="i32", sp_g="i32", TOPK=6, GATED=True,
         BLOCK_N=32, BLOCK_K=128, ROWS=16, MT=1, M_P=16, K_P=8, U_P=16, DOT_F32=False, SPLIT=1,
-        DECODE=2, ONE=False, SHARED=True),
+        DECODE=3, ONE=False, SHARED=True),
         ("a_ptr", "ids_ptr", "w_ptr", "ws_ptr", "shw_ptr", "shs_ptr", "o_ptr", "N", "K", "N_SH",
          "K_SH", "sa_m", "sa_s", "so_s")),
     "fp8_qkv": ("fp8_gemv", "_fp8_gemv_kernel", dict(
         x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", g_ptr="*bf16",
         r_ptr="*bf16", ids_ptr="*i64", M="i32", N="i32", K="i32", sx_m="i32", sr_m="i32",
         s_ids="i32", eps="fp32", MODE=0, BLOCK_N=32, BLOCK_K=256, SUB_K=64, ROWS=16, MT=1,
-        DOT_F32=False, SPLIT=1, NORM=0, NORM_P=1, ACT=0, RES=False, X_ROWS=False, DECODE=2),
+        DOT_F32=False, SPLIT=1, NORM=0, NORM_P=1, ACT=0, RES=False, X_ROWS=False, DECODE=3),
         ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "g_ptr", "r_ptr", "ids_ptr", "N", "K", "sx_m")),
 }
 PRESETS["int4_attn"] = ("int4_paged_attention", "_int4_attn_kernel", dict(
