@@ -132,8 +132,8 @@ def recording(b: Bench, cache: Cache):
             w = id(args[1])
             return "qkv" if w in qkv_ids else "o_proj" if w in o_ids else \
                 "head" if w == head_id else "other_gemv"
-        if name == "moe_forward":
-            return "moe"
+        if name in ("moe_forward", "moe_forward_parts", "moe_combine_norm"):
+            return "moe"     # moe_combine_norm: the MoE's combine with the norm after it
         if name == "add_rms_norm":
             return "norms"
         if name == "qk_norm_rope":   # rope on sliding layers only (NoPE full layers)
@@ -147,7 +147,7 @@ def recording(b: Bench, cache: Cache):
         def wrapped(*args, **kwargs):
             out = fn(*args, **kwargs)
             calls.append((classify(name, args, kwargs), fn, args, kwargs))
-            if name == "moe_forward":
+            if name in ("moe_forward", "moe_forward_parts"):
                 ids, _ = moe_route(args[0], args[1], kwargs["top_k"], kwargs["renormalize"])
                 chunks = sum(int(torch.unique(ids[c:c + 64]).numel())
                              for c in range(0, ids.shape[0], 64))

@@ -140,6 +140,10 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nt bash bench/gpu_session.sh   (~7 min, engine carry-b) the MoE's combine fused into the
+#       next norm (moe_forward_parts + moe_combine_norm) and the swap at every MoE chunk
+#       (SWAP_TOKENS 64): gpu_check moe,norm, the trained default's gpu_runtime and gpu_drafter
+#       graphs, whole steps, the kernel table's MoE rows (fused against unfused)
 #   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
 #       (MoE at one token, NVFP4 LM head at one row, fp8_gemv QKV at 1 row) and fp8_gemv at 64
 #       rows (WIDE_TILES); bench/gemv_tune.py --kernels fp8tiles,router (fp8_gemv's tiles at
@@ -282,6 +286,16 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nt)
+    unpack carry-b
+    step check 120 python3 bench/gpu_check.py --only moe,norm
+    minichecks 210 35 graphs
+    unset KOLIBRI_PDL     # the default (2) for whole steps
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step plugins 90 python3 bench/plugins.py --only moe --csv "$OUT/plugins.csv"
+    pack nt
+    ;;
   nr)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     ncuprof moe_m1 _moe_expert_kernel 2

@@ -58,7 +58,9 @@ load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention  # noqa: E402
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention  # noqa: E402
-from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
+from kolibri_trt_plugins.add_rms_norm import add_rms_norm  # noqa: E402
+from kolibri_trt_plugins.moe import moe_forward, moe_forward_parts  # noqa: E402
+from kolibri_trt_plugins.moe_combine_norm import moe_combine_norm  # noqa: E402
 from kolibri_trt_plugins.moe_route import moe_route_ref  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_dequantize_ref, nvfp4_gemv  # noqa: E402
 from kolibri_trt_plugins.qk_norm_fold_int4 import (  # noqa: E402
@@ -218,6 +220,14 @@ def bench_moe(quick):
         st = time_calls([lambda x=x: moe_stock(x, *wts, k) for x in xs[:2]]) if M <= 16 else None
         report("moe_forward", f"M={M} E=256 top6 H=2560 I=768", us, nbytes, st,
                f"experts read={distinct:.1f}+1")
+        # the decoder's MoE and the norm after it: fused combine (the model's path) vs not
+        r, gain = torch.randn((M, H), device=DEV).bfloat16(), torch.ones(H, device=DEV).bfloat16()
+        unfused = time_calls([lambda x=x: add_rms_norm(r, moe_forward(x, *wts, top_k=k), gain)
+                              for x in xs])
+        fused = time_calls([lambda x=x: moe_combine_norm(*moe_forward_parts(x, *wts, top_k=k), r,
+                                                         gain) for x in xs])
+        report("moe+norm fused", f"M={M} (moe_combine_norm)", fused, nbytes + 2 * M * H * 2,
+               unfused, "stock = moe_forward + add_rms_norm")
 
 
 # ---------------------------------------------------------------- fold

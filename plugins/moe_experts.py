@@ -50,12 +50,16 @@ DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (
 # operand moves, half the HMMAs). H200 (bench/results/h200-2026-12-01b/nm/swap.log, the same
 # bits, gpu_check moe 156/156 with it), µs, 16-row form -> swapped at num_stages 3 / 4 / 5:
 # M=1 30.4 -> 27.3 / 25.2 / 25.5, M=2 39.6 -> 35.2 / 34.2 / 34.6, M=4 56.8 -> 50.4 / 51.5 /
-# 54.1, M=8 90.9 -> 87.1 / 92.5 / 85.8. Not at 16+ tokens: a [64, 128] A tile with N 16
-# becomes a wgmma there, its loop 291 -> 412 instructions.
-SWAP_TOKENS = 8
+# 54.1, M=8 90.9 -> 87.1 / 92.5 / 85.8. At 9-64 tokens (an expert with more than 8 tokens takes
+# one pass of its weight tile per 8 tokens; AOT gate/up loop per pass of a 64-wide N tile 475 ->
+# 386 instructions), bench/results/h200-2026-12-01c/nq/swap.log, stages 3 / 4: M=16 147.0 ->
+# 142.1 / 137.9, M=32 258.6 -> 242.2 / 240.1, M=64 406.4 -> 403.9 / 384.6, the same bits
+# (gpu_check moe with SWAP_TOKENS 64: 11/11, nq/check_wide.log).
+SWAP_TOKENS = MAX_TOKENS
 ROWS_SWAP = 8
 TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
-TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3 to SWAP_TOKENS tokens
+TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3-8 tokens
+TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9 to SWAP_TOKENS tokens
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
@@ -348,6 +352,13 @@ def split_k_for(n: int, k: int, gated: bool) -> int:
     return SPLIT_K_GATED if gated else SPLIT_K_DOWN
 
 
+def _tune(tokens: int, swap: bool) -> dict:
+    """Launch config (warps, stages) of a chunk of `tokens` tokens; no effect on the bits."""
+    if not swap:
+        return TUNE
+    return TUNE_SWAP if tokens <= 2 else TUNE_SWAP_WIDE if tokens <= 8 else TUNE_SWAP_MANY
+
+
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
                        interpret: bool = False) -> None:
     """Launch the grouped expert kernel for one chunk of <= 64 tokens (see module docstring).
@@ -373,7 +384,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
                 SWAP=swap, interpret=interpret,
-                **(TUNE if not swap else TUNE_SWAP if M <= 2 else TUNE_SWAP_WIDE))
+                **_tune(M, swap))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,

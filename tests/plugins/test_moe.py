@@ -78,9 +78,9 @@ def test_reference_against_dense():
 @pytest.mark.parametrize("swap_tokens", [0, 8, 64])
 @pytest.mark.parametrize("M", [1, 3, 33, 70])
 def test_interpreter_matches_reference(interp, monkeypatch, M, swap_tokens):
-    """Both operand orders of the expert GEMM: moe_experts.SWAP_TOKENS 8 (the default) takes
-    chunks of <= 8 tokens as W·x^T (weights the MMA's A, tokens its N, 8-token tiles), 0 never,
-    64 every chunk (experts with more than 8 tokens take several 8-token passes)."""
+    """Both operand orders of the expert GEMM: moe_experts.SWAP_TOKENS 64 (the default) takes
+    every chunk as W·x^T (weights the MMA's A, tokens its N, 8-token tiles; experts with more
+    than 8 tokens take several 8-token passes), 8 only chunks of <= 8 tokens, 0 none."""
     monkeypatch.setattr(ME, "SWAP_TOKENS", swap_tokens)
     g = T.gen(10 + M)
     wts = T.moe_weights(E, H, I_, IS if M != 3 else 0, g)
