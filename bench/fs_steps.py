@@ -132,22 +132,21 @@ def recording(b: Bench, cache: Cache):
             w = id(args[1])
             return "qkv" if w in qkv_ids else "o_proj" if w in o_ids else \
                 "head" if w == head_id else "other_gemv"
-        if name in ("moe_forward", "moe_forward_parts", "moe_combine_norm"):
-            return "moe"     # moe_combine_norm: the MoE's combine with the norm after it
+        if name == "moe_forward":
+            return "moe"
         if name == "add_rms_norm":
             return "norms"
-        if name == "qk_norm_rope":   # rope on sliding layers only (NoPE full layers)
+        if name == "qk_norm_rope_kv_write":   # rope on sliding layers only (NoPE full layers)
             return "attn_sliding" if kwargs.get("rope", True) else "attn_full"
         if name in ("int4_paged_attention", "qk_norm_fold_int4"):
             return "attn_full"
-        return "attn_full" if id(args[3 if name == "fp8_kv_write" else 1]) in full_ids \
-            else "attn_sliding"
+        return "attn_full" if id(args[1]) in full_ids else "attn_sliding"
 
     def wrap(name, fn):
         def wrapped(*args, **kwargs):
             out = fn(*args, **kwargs)
             calls.append((classify(name, args, kwargs), fn, args, kwargs))
-            if name in ("moe_forward", "moe_forward_parts"):
+            if name == "moe_forward":
                 ids, _ = moe_route(args[0], args[1], kwargs["top_k"], kwargs["renormalize"])
                 chunks = sum(int(torch.unique(ids[c:c + 64]).numel())
                              for c in range(0, ids.shape[0], 64))

@@ -15,7 +15,9 @@ from kolibri_trt_plugins.gumbel_argmax import (
     gumbel_noise_debug,
     gumbel_noise_ref,
 )
+from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write
 from kolibri_trt_plugins.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
+from kolibri_trt_plugins.qk_norm_rope_kv_write import qk_norm_rope_kv_write
 
 
 # ---------------------------------------------------------------- norms
@@ -75,6 +77,7 @@ def check_qk_norm_rope(g, small):
                 msg = f"rel={e:.2e} flips={f:.1e} " + check_graph(
                     name, lambda: qk_norm_rope(q, k, gq, gk, cos, sin, rope=rope), list(out))
                 record(name, e < TOL["norm"] and f < NORM_FLIP_FRAC, msg)
+                check_kv_write_fused(name, q, k, gq, gk, cos, sin, rope, out, g)
     q, k, gq, gk, cos, sin = qk_case(16, 20, 4, g)
     qb, kb = qk_norm_rope(q, k, gq, gk, cos, sin)
     ok = True
@@ -82,6 +85,30 @@ def check_qk_norm_rope(g, small):
         q1, k1 = qk_norm_rope(q[s], k[s], gq, gk, cos[s], sin[s])
         ok &= torch.equal(q1, qb[s]) and torch.equal(k1, kb[s])
     record("qk_norm_rope batch invariance 1,3 vs 16", ok, "bit-identical" if ok else "DIFFERS")
+
+
+def check_kv_write_fused(name, q, k, gq, gk, cos, sin, rope, out, g):
+    """qk_norm_rope_kv_write against qk_norm_rope (its q, `out`) + fp8_kv_write of its keys:
+    the same q and cache bytes (one slot in three skipped), eager and in a CUDA graph."""
+    T_, hkv = k.shape[0], k.shape[1]
+    v = T.randn(tuple(k.shape), g, device=B.DEV, scale=3.0)
+    slots = torch.randperm(T_ * 2, generator=g)[:T_].to(B.DEV)
+    slots[1::3] = -1
+    first = T.fp8_cache(T_ // 8 + 1, 16, hkv, g, device=B.DEV)
+    caches = [first, tuple(c.clone() for c in first)]
+    scales = torch.tensor([0.05], device=B.DEV), torch.tensor([0.03], device=B.DEV)
+    fp8_kv_write(out[1], v, slots, *caches[1], *scales)
+
+    def fused():
+        return qk_norm_rope_kv_write(q, k, v, gq, gk, cos, sin, slots, *caches[0], *scales,
+                                     rope=rope)
+    q_out = fused()
+    same = torch.equal(q_out, out[0]) and all(
+        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        for a, b in zip(caches[0], caches[1]))
+    msg = "same q and cache bytes as qk_norm_rope + fp8_kv_write " + check_graph(
+        name + " kv_write", fused, [q_out])
+    record(name.replace("qk_norm_rope", "qk_norm_rope_kv_write"), same, msg)
 
 
 # ---------------------------------------------------------------- sampling

@@ -140,6 +140,12 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nu bash bench/gpu_session.sh   (~9 min, engine carry-b) the router's top-k in the logits
+#       kernel (moe_route.FUSED_TOPK: the last program of a token tile runs it) and
+#       qk_norm_rope_kv_write (QK-norm + RoPE + FP8 cache write, one kernel): gpu_check
+#       moe,qknorm,norm, the trained default's gpu_runtime and gpu_drafter graphs, whole steps,
+#       bench/gemv_tune.py --kernels router (fused against the top-k kernel), the MoE and fold
+#       rows of the kernel table (each fusion against the kernels it replaces)
 #   PART=nt bash bench/gpu_session.sh   (~7 min, engine carry-b) the MoE's combine fused into the
 #       next norm (moe_forward_parts + moe_combine_norm) and the swap at every MoE chunk
 #       (SWAP_TOKENS 64): gpu_check moe,norm, the trained default's gpu_runtime and gpu_drafter
@@ -286,6 +292,17 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nu)
+    unpack carry-b
+    step check 120 python3 bench/gpu_check.py --only moe,qknorm,norm
+    minichecks 210 35 graphs
+    unset KOLIBRI_PDL     # the default (2) for whole steps
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step tune 100 python3 bench/gemv_tune.py --kernels router
+    step plugins 90 python3 bench/plugins.py --only moe,fold --csv "$OUT/plugins.csv"
+    pack nu
+    ;;
   nt)
     unpack carry-b
     step check 120 python3 bench/gpu_check.py --only moe,norm

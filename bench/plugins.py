@@ -58,11 +58,12 @@ load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention  # noqa: E402
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention  # noqa: E402
-from kolibri_trt_plugins.add_rms_norm import add_rms_norm  # noqa: E402
-from kolibri_trt_plugins.moe import moe_forward, moe_forward_parts  # noqa: E402
-from kolibri_trt_plugins.moe_combine_norm import moe_combine_norm  # noqa: E402
+from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 from kolibri_trt_plugins.moe_route import moe_route_ref  # noqa: E402
+from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_dequantize_ref, nvfp4_gemv  # noqa: E402
+from kolibri_trt_plugins.qk_norm_rope import qk_norm_rope  # noqa: E402
+from kolibri_trt_plugins.qk_norm_rope_kv_write import qk_norm_rope_kv_write  # noqa: E402
 from kolibri_trt_plugins.qk_norm_fold_int4 import (  # noqa: E402
     fold_matrices,
     hadamard_rotation,
@@ -220,14 +221,6 @@ def bench_moe(quick):
         st = time_calls([lambda x=x: moe_stock(x, *wts, k) for x in xs[:2]]) if M <= 16 else None
         report("moe_forward", f"M={M} E=256 top6 H=2560 I=768", us, nbytes, st,
                f"experts read={distinct:.1f}+1")
-        # the decoder's MoE and the norm after it: fused combine (the model's path) vs not
-        r, gain = torch.randn((M, H), device=DEV).bfloat16(), torch.ones(H, device=DEV).bfloat16()
-        unfused = time_calls([lambda x=x: add_rms_norm(r, moe_forward(x, *wts, top_k=k), gain)
-                              for x in xs])
-        fused = time_calls([lambda x=x: moe_combine_norm(*moe_forward_parts(x, *wts, top_k=k), r,
-                                                         gain) for x in xs])
-        report("moe+norm fused", f"M={M} (moe_combine_norm)", fused, nbytes + 2 * M * H * 2,
-               unfused, "stock = moe_forward + add_rms_norm")
 
 
 # ---------------------------------------------------------------- fold
@@ -245,6 +238,30 @@ def bench_fold(quick):
         us = time_calls([lambda: qk_norm_fold_int4(q, k, v, mq, mk, slots, *caches)])
         nbytes = qkv.numel() * 2 + T_ * hq * 256 + T_ * hkv * 2 * 68 + 2 * 65536
         report("qk_norm_fold_int4", f"T={T_} Hq=20 Hkv=4", us, nbytes)
+    bench_rope_write(hq, hkv)
+
+
+def bench_rope_write(hq, hkv):
+    """qk_norm_rope_kv_write (the FP8 layers' QK-norm + RoPE + cache write) against the two
+    kernels it replaces (stock column: qk_norm_rope + fp8_kv_write)."""
+    nb, blk = 4096, 16
+    kc, vc = (torch.zeros((nb, blk, hkv, 128), dtype=E4M3, device=DEV) for _ in range(2))
+    one = torch.ones(1, device=DEV)
+    g = torch.ones(128, device=DEV).bfloat16()
+    for T_ in (1, 16, 64):
+        qkv = torch.randn((T_, hq + 2 * hkv, 128), device=DEV).bfloat16()
+        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+        cos, sin = (torch.rand((T_, 128), device=DEV) for _ in range(2))
+        slots = torch.randperm(nb * blk, device=DEV)[:T_]
+
+        def two():
+            qo, ko = qk_norm_rope(q, k, g, g, cos, sin)
+            fp8_kv_write(ko, v, slots, kc, vc, one, one)
+        us = time_calls([lambda: qk_norm_rope_kv_write(q, k, v, g, g, cos, sin, slots, kc, vc,
+                                                       one, one)])
+        nbytes = qkv.numel() * 2 + T_ * hq * 256 + T_ * hkv * 2 * 128 + 2 * T_ * 512
+        report("qk_norm_rope_kv_write", f"T={T_} Hq=20 Hkv=4", us, nbytes, time_calls([two]),
+               "stock = qk_norm_rope + fp8_kv_write")
 
 
 

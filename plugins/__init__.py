@@ -14,10 +14,10 @@ Ops (module: public function):
     nvfp4_gemv: nvfp4_gemv                     NVFP4 weight-only GEMM (LM head, drafter head)
     fp8_gemv: fp8_gemv                         FP8 per-tensor / per-channel / block-1x64 GEMM
     moe_route: moe_route                       router + top-k
-    moe: moe_forward, moe_forward_parts        routed FP8 experts + shared expert (combined or not)
-    moe_combine_norm: moe_combine_norm         the MoE's combine + residual add + RMSNorm
+    moe: moe_forward                           routed FP8 experts + shared expert
     add_rms_norm: add_rms_norm                 residual add + RMSNorm (decoder norms, final norm)
     qk_norm_rope: qk_norm_rope                 per-head QK RMSNorm + RoPE (FP8-cache layers)
+    qk_norm_rope_kv_write: qk_norm_rope_kv_write  the same + the FP8 cache write of K/V
     gumbel_argmax: gumbel_argmax               position-keyed Gumbel-max sampling, one id per row
     ring_attention: ring_attention             the block drafter's ring attention (one launch)
     rope_ring_write: rope_ring_write           the drafter's q/k RoPE + K/V ring write (one launch)
@@ -33,20 +33,20 @@ from .fp8_kv_write import fp8_kv_write
 from .fp8_paged_attention import fp8_paged_attention
 from .gumbel_argmax import gumbel_argmax
 from .int4_paged_attention import int4_paged_attention
-from .moe import moe_forward, moe_forward_parts
-from .moe_combine_norm import moe_combine_norm
+from .moe import moe_forward
 from .moe_route import moe_route
 from .nvfp4_gemv import nvfp4_gemv
 from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_int4
 from .qk_norm_rope import qk_norm_rope
+from .qk_norm_rope_kv_write import qk_norm_rope_kv_write
 from .ring_attention import ring_attention
 from .rope_ring_write import rope_ring_write
 from .vocab_argmax import vocab_argmax
 
 __all__ = [
     "add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_kv_write", "fp8_paged_attention",
-    "gumbel_argmax", "int4_paged_attention", "moe_combine_norm", "moe_forward",
-    "moe_forward_parts", "moe_route", "nvfp4_gemv",
-    "qk_norm_fold_int4", "qk_norm_rope", "ring_attention", "rope_ring_write", "vocab_argmax",
+    "gumbel_argmax", "int4_paged_attention", "moe_forward", "moe_route", "nvfp4_gemv",
+    "qk_norm_fold_int4", "qk_norm_rope", "qk_norm_rope_kv_write", "ring_attention",
+    "rope_ring_write", "vocab_argmax",
     "fold_matrices", "hadamard_rotation",
 ]

@@ -25,19 +25,8 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
     n = tl.arange(0, BLOCK)
     m = n < N
     x = tl.load(x_ptr + t * sx + n, mask=m, other=0.0).to(tl.float32)
-    r = x   # never used without HAS_RES
     if HAS_RES:
         r = tl.load(r_ptr + t * sr + n, mask=m, other=0.0).to(tl.float32)
-    add_norm_row(x, r, w_ptr, h_ptr, y_ptr, t, n, m, eps, N, HAS_RES, PDL)
-
-
-@jit
-def add_norm_row(x, r, w_ptr, h_ptr, y_ptr, t, n, m, eps, N: tl.constexpr,
-                 HAS_RES: tl.constexpr, PDL: tl.constexpr):
-    """Row t's h = bf16(x + r) (stored when HAS_RES; else h = x) and y = bf16(norm(h)·w)
-    (stored). x, r: fp32 [BLOCK] (the bf16 inputs widened), n the columns, m = n < N. Launch
-    with enable_fp_fusion=False (torch's rounding steps)."""
-    if HAS_RES:
         hb = (x + r).to(tl.bfloat16)
         tl.store(h_ptr + t * N + n, hb, mask=m)
         x = hb.to(tl.float32)

@@ -27,16 +27,20 @@ def _fp8_kv_write_kernel(k_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
     h = tl.arange(0, HKV_P)
     d = tl.arange(0, D)
     ok = (h[:, None] < HKV) & (slot >= 0)
-    dst = slot * HKV * D + h[:, None] * D + d[None, :]
-    ks = tl.load(ks_ptr)
-    vs = tl.load(vs_ptr)
     k = tl.load(k_ptr + t * sk_t + h[:, None] * sk_h + d[None, :], mask=ok, other=0.0)
-    k = tl.clamp(tl.math.div_rn(k.to(tl.float32), ks), -448.0, 448.0)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    tl.store(kc_ptr + dst, k.to(tl.float8e4nv), mask=ok)
+    fp8_store_heads(k.to(tl.float32), slot, kc_ptr, ks_ptr, h, d, ok, HKV, D)
     v = tl.load(v_ptr + t * sv_t + h[:, None] * sv_h + d[None, :], mask=ok, other=0.0)
-    v = tl.clamp(tl.math.div_rn(v.to(tl.float32), vs), -448.0, 448.0)
-    tl.store(vc_ptr + dst, v.to(tl.float8e4nv), mask=ok)
+    fp8_store_heads(v.to(tl.float32), slot, vc_ptr, vs_ptr, h, d, ok, HKV, D)
+
+
+@jit
+def fp8_store_heads(x, slot, c_ptr, s_ptr, h, d, ok, HKV, D: tl.constexpr):
+    """e4m3(clamp(x / scale, ±448)) of one token's heads x fp32 [HKV_P, D] into the cache at
+    `slot` (rows where ok). The one quantizer of every FP8 cache write."""
+    q = tl.clamp(tl.math.div_rn(x, tl.load(s_ptr)), -448.0, 448.0)
+    dst = slot * HKV * D + h[:, None] * D + d[None, :]
+    tl.store(c_ptr + dst, q.to(tl.float8e4nv), mask=ok)
 
 
 def fp8_kv_write_ref(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale) -> None:

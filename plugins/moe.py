@@ -29,23 +29,14 @@ def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, H, so_m, so_s, TOPK: tl.constexpr,
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H
-    y = combine_row(o_ptr, w_ptr, m, h, hm, so_m, so_s, TOPK, HAS_SHARED)
-    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    tl.store(y_ptr + m * H + h, y.to(tl.bfloat16), mask=hm)
-
-
-@jit
-def combine_row(o_ptr, w_ptr, m, h, hm, so_m, so_s, TOPK: tl.constexpr,
-                HAS_SHARED: tl.constexpr):
-    """fp32 Σ_i w[m, i]·o[m, i, h] (i = 0..TOPK-1, each step one fma) + o[m, TOPK, h] (shared
-    expert); the order of moe_combine_ref. The same helper in every kernel that combines."""
-    y = tl.zeros(h.shape, tl.float32)
+    y = tl.zeros([BLOCK_H], tl.float32)
     for i in tl.static_range(TOPK):
         wi = tl.load(w_ptr + m * TOPK + i)
-        y = tl.fma(wi, tl.load(o_ptr + m * so_m + i * so_s + h, mask=hm, other=0.0), y)
+        y += wi * tl.load(o_ptr + m * so_m + i * so_s + h, mask=hm, other=0.0)
     if HAS_SHARED:
         y += tl.load(o_ptr + m * so_m + TOPK * so_s + h, mask=hm, other=0.0)
-    return y
+    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
+    tl.store(y_ptr + m * H + h, y.to(tl.bfloat16), mask=hm)
 
 
 def _expert_ref(x, w13, s13, w2, s2):
@@ -56,78 +47,48 @@ def _expert_ref(x, w13, s13, w2, s2):
     return act.float() @ (w2.float() * s2).T
 
 
-def moe_forward_parts_ref(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
-                          shared_w13_scale=None, shared_w2=None, shared_w2_scale=None, top_k=6,
-                          renormalize=True):
-    """Torch reference of :func:`moe_forward_parts` (same arguments): (parts fp32 [M, k+1, H],
-    weights fp32 [M, k]); slot k is zeros without a shared expert."""
-    ids, wts = moe_route_ref(x, router_weight, top_k, renormalize)
-    xf = x.float()
-    parts = torch.zeros((x.shape[0], top_k + 1, x.shape[1]), dtype=torch.float32,
-                        device=x.device)
-    for m in range(x.shape[0]):
-        for i in range(top_k):
-            e = int(ids[m, i])
-            parts[m, i] = _expert_ref(xf[m:m + 1], w13[e], w13_scale[e], w2[e], w2_scale[e])[0]
-        if shared_w13 is not None:
-            parts[m, top_k] = _expert_ref(xf[m:m + 1], shared_w13[0], shared_w13_scale[0],
-                                          shared_w2[0], shared_w2_scale[0])[0]
-    return parts, wts
-
-
-def moe_combine_ref(parts: torch.Tensor, wts: torch.Tensor, has_shared: bool) -> torch.Tensor:
-    """bf16 [M, H] = Σ_i wts[:, i]·parts[:, i] (+ parts[:, k]), fp32, in slot order."""
-    y = torch.zeros((parts.shape[0], parts.shape[2]), dtype=torch.float32, device=parts.device)
-    for i in range(wts.shape[1]):
-        y = y + wts[:, i:i + 1] * parts[:, i]
-    if has_shared:
-        y = y + parts[:, wts.shape[1]]
-    return y.to(torch.bfloat16)
-
-
 def moe_forward_ref(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
                     shared_w13_scale=None, shared_w2=None, shared_w2_scale=None, top_k=6,
                     renormalize=True):
     """Torch reference of :func:`moe_forward` (same arguments); bf16 [M, H]."""
-    parts, wts = moe_forward_parts_ref(x, router_weight, w13, w13_scale, w2, w2_scale,
-                                       shared_w13, shared_w13_scale, shared_w2, shared_w2_scale,
-                                       top_k, renormalize)
-    return moe_combine_ref(parts, wts, shared_w13 is not None)
-
-
-def _launch_parts(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s,
-                  top_k, renormalize, interpret):
-    """Routing and both expert GEMMs: (parts fp32 [M, k+1, H], weights fp32 [M, k])."""
-    M, H = x.shape
-    inter = w13.shape[1] // 2
-    inter_sh = sw13.shape[1] // 2 if sw13 is not None else 0
-    parts = torch.empty((M, top_k + 1, H), dtype=torch.float32, device=x.device)
-    # routed here, not through the moe_route op: this runs inside the moe_forward op already
-    ids, wts = launch_moe_route(x, router_weight, top_k, renormalize, interpret)
-    for c0 in range(0, M, MAX_TOKENS):
-        c1 = min(M, c0 + MAX_TOKENS)
-        n = c1 - c0   # one chunk (M <= 64: decode, verification) takes the tensors, no views
-        xc, idc, out = (x, ids, parts) if n == M else (x[c0:c1], ids[c0:c1], parts[c0:c1])
-        act = torch.empty((n, top_k + 1, max(inter, inter_sh)), dtype=torch.bfloat16,
-                          device=x.device)
-        launch_moe_experts(xc, idc, w13, w13_scale, sw13, sw13_s, act, inter, inter_sh, H, H,
-                           True, 0, interpret)
-        launch_moe_experts(act, idc, w2, w2_scale, sw2, sw2_s, out, H, H, inter, inter_sh, False,
-                           act.stride(1), interpret)
-    return parts, wts
+    ids, wts = moe_route_ref(x, router_weight, top_k, renormalize)
+    xf = x.float()
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for m in range(x.shape[0]):
+        for i in range(top_k):
+            e = int(ids[m, i])
+            y[m] += wts[m, i] * _expert_ref(xf[m:m + 1], w13[e], w13_scale[e], w2[e], w2_scale[e])[0]
+        if shared_w13 is not None:
+            y[m] += _expert_ref(xf[m:m + 1], shared_w13[0], shared_w13_scale[0], shared_w2[0],
+                                shared_w2_scale[0])[0]
+    return y.to(torch.bfloat16)
 
 
 def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s, top_k,
             renormalize, interpret):
     M, H = x.shape
+    inter = w13.shape[1] // 2
+    inter_sh = sw13.shape[1] // 2 if sw13 is not None else 0
     y = torch.empty((M, H), dtype=torch.bfloat16, device=x.device)
     if M == 0:
         return y
-    parts, wts = _launch_parts(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s,
-                               sw2, sw2_s, top_k, renormalize, interpret)
-    launch(_moe_combine_kernel, (M, cdiv(H, BLOCK_H)), parts, wts, y, H, parts.stride(0),
-           parts.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
-           num_warps=4, interpret=interpret)
+    # routed here, not through the moe_route op: this runs inside the moe_forward op already
+    ids, wts = launch_moe_route(x, router_weight, top_k, renormalize, interpret)
+    for c0 in range(0, M, MAX_TOKENS):
+        c1 = min(M, c0 + MAX_TOKENS)
+        n = c1 - c0   # one chunk (M <= 64: decode, verification) takes the tensors, no views
+        xc, idc, wc, yc = ((x, ids, wts, y) if n == M else
+                           (x[c0:c1], ids[c0:c1], wts[c0:c1], y[c0:c1]))
+        act = torch.empty((n, top_k + 1, max(inter, inter_sh)), dtype=torch.bfloat16,
+                          device=x.device)
+        out = torch.empty((n, top_k + 1, H), dtype=torch.float32, device=x.device)
+        launch_moe_experts(xc, idc, w13, w13_scale, sw13, sw13_s, act, inter, inter_sh, H, H,
+                           True, 0, interpret)
+        launch_moe_experts(act, idc, w2, w2_scale, sw2, sw2_s, out, H, H, inter, inter_sh, False,
+                           act.stride(1), interpret)
+        launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc, H, out.stride(0),
+               out.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
+               num_warps=4, interpret=interpret)
     return y
 
 
@@ -148,27 +109,6 @@ def _moe_forward_op(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Ten
 def _(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale, shared_w2,
       shared_w2_scale, top_k, renormalize):
     return torch.empty_like(x)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::moe_forward_parts", mutates_args=())
-def _moe_forward_parts_op(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Tensor,
-                          w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                          shared_w13: torch.Tensor | None, shared_w13_scale: torch.Tensor | None,
-                          shared_w2: torch.Tensor | None, shared_w2_scale: torch.Tensor | None,
-                          top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
-            shared_w2, shared_w2_scale, top_k, renormalize)
-    if kernel_path(x, "moe_forward_parts") == "ref":
-        return moe_forward_parts_ref(*args)
-    return _launch_parts(*args, False)
-
-
-@_moe_forward_parts_op.register_fake
-def _(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale, shared_w2,
-      shared_w2_scale, top_k, renormalize):
-    M, H = x.shape
-    return (x.new_empty((M, top_k + 1, H), dtype=torch.float32),
-            x.new_empty((M, top_k), dtype=torch.float32))
 
 
 def _check(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s):
@@ -215,38 +155,12 @@ def moe_forward(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
         RuntimeError for CUDA tensors without Triton.
     Source: shared/spec/kolibri-1.md (MoE forward, router, tie rule, norm_topk_prob).
     """
-    args = _checked(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13,
-                    shared_w13_scale, shared_w2, shared_w2_scale, top_k, renormalize)
+    _check(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
+           shared_w2, shared_w2_scale)
+    if not 1 <= top_k <= router_weight.shape[0]:
+        raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
+    args = (x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
+            shared_w2, shared_w2_scale, int(top_k), bool(renormalize))
     if interpret:
         return _launch(*args, True)
     return torch.ops.kolibri_plugins.moe_forward(*args)
-
-
-def moe_forward_parts(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
-                      shared_w13_scale=None, shared_w2=None, shared_w2_scale=None,
-                      top_k: int = 6, renormalize: bool = True, interpret: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`moe_forward` without its last step: each expert's output and the routing
-    weights, for a kernel that combines them later (`moe_combine_norm`: combine + residual add
-    + RMSNorm in one launch). Arguments and errors as :func:`moe_forward`.
-
-    Returns: (parts fp32 [M, top_k + 1, H] contiguous: slot i < top_k the i-th selected
-        expert's down_proj output, slot top_k the shared expert's (not written without one);
-        weights fp32 [M, top_k], the renormalised routing probabilities in slot order).
-        moe_combine_ref(parts, weights, shared) is moe_forward's output bit for bit.
-    """
-    args = _checked(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13,
-                    shared_w13_scale, shared_w2, shared_w2_scale, top_k, renormalize)
-    if interpret:
-        return _launch_parts(*args, True)
-    return torch.ops.kolibri_plugins.moe_forward_parts(*args)
-
-
-def _checked(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s, top_k,
-             renormalize) -> tuple:
-    """The op's argument tuple after every check (ValueError naming the argument)."""
-    _check(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s)
-    if not 1 <= top_k <= router_weight.shape[0]:
-        raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
-    return (x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s,
-            int(top_k), bool(renormalize))

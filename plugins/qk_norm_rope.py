@@ -24,6 +24,17 @@ HEAD_DIM = 128
 def _norm_rope_heads(x_ptr, o_ptr, g_ptr, cos_ptr, sin_ptr, t, s_t, s_h, H, eps,
                      H_P: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr):
     """One token's H heads: x at x_ptr + t*s_t + h*s_h + d, out contiguous [T, H, D]."""
+    n, hm = norm_rope_values(x_ptr, g_ptr, cos_ptr, sin_ptr, t, s_t, s_h, H, eps, H_P, D, ROPE)
+    h = tl.arange(0, H_P)
+    d = tl.arange(0, D)
+    tl.store(o_ptr + (t * H + h[:, None]) * D + d[None, :], n.to(tl.bfloat16), mask=hm)
+
+
+@jit
+def norm_rope_values(x_ptr, g_ptr, cos_ptr, sin_ptr, t, s_t, s_h, H, eps,
+                     H_P: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr):
+    """One token's H heads normalised (and rotated): (fp32 [H_P, D] before the final bf16
+    rounding, head mask [H_P, 1]). Launch with enable_fp_fusion=False."""
     h = tl.arange(0, H_P)
     d = tl.arange(0, D)
     hm = h[:, None] < H
@@ -43,7 +54,7 @@ def _norm_rope_heads(x_ptr, o_ptr, g_ptr, cos_ptr, sin_ptr, t, s_t, s_h, H, eps,
         c = tl.load(cos_ptr + t * D + d)[None, :]
         s = tl.load(sin_ptr + t * D + d)[None, :]
         n = n * c + rot * s
-    tl.store(o_ptr + (t * H + h[:, None]) * D + d[None, :], n.to(tl.bfloat16), mask=hm)
+    return n, hm
 
 
 @jit

@@ -2,13 +2,12 @@
 
 Weights stay in the engine's low-bit formats and are read directly by the kernels: FP8 body
 (one fused QKV GEMV per layer, o_proj), FP8 routed + shared experts in one MoE op, an NVFP4 (or
-FP8) LM head. Attention: FP8 sliding-window layers (`fp8_kv_write` + `fp8_paged_attention`),
-full layers in rotated INT4 (`qk_norm_fold_int4` + `int4_paged_attention`) or FP8; QK-norm +
-RoPE in one kernel (`qk_norm_rope`, FP8 layers), each residual add fused with the norm after it
-(`add_rms_norm`; after the MoE at one rank `moe_combine_norm`, which also does the MoE's
-combine), RoPE tables computed once per step. Every op is
-a torch custom op without host syncs, so `forward` can be captured in a CUDA graph; on CPU
-tensors the same code runs the kernels' torch references (tests).
+FP8) LM head. Attention: FP8 sliding-window layers (`qk_norm_rope_kv_write`: QK-norm + RoPE +
+the FP8 cache write in one kernel, then `fp8_paged_attention`), full layers in rotated INT4
+(`qk_norm_fold_int4` + `int4_paged_attention`) or FP8 (as sliding layers, without RoPE); each
+residual add fused with the norm after it (`add_rms_norm`), RoPE tables computed once per step.
+Every op is a torch custom op without host syncs, so `forward` can be captured in a CUDA graph;
+on CPU tensors the same code runs the kernels' torch references (tests).
 
 Tensor parallelism (`runtime/tensor_parallel.py`): a rank's model is built from its shard (its
 query / KV heads, its slice of every expert's channels) with an `all_reduce` hook that sums the
@@ -25,10 +24,9 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_kv_write, fp8_paged_attention,
-                                 int4_paged_attention, moe_combine_norm, moe_forward,
-                                 moe_forward_parts, nvfp4_gemv,
-                                 qk_norm_fold_int4, qk_norm_rope)
+from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_paged_attention,
+                                 int4_paged_attention, moe_forward, nvfp4_gemv,
+                                 qk_norm_fold_int4, qk_norm_rope_kv_write)
 
 from ..config import KolibriConfig
 from . import ops
@@ -127,28 +125,17 @@ class PluginModel:
             a = self._attention(i, w, x, cache, meta, max_seq_len, max_q_len, rope)
             h, x = add_rms_norm(h, self._reduce(fp8_gemv(a, w.o_proj, w.o_scale)), w.post_norm,
                                 eps)
+            sh = w.shared or (None, None, None, None)
+            out = self._reduce(moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
+                                           top_k=self.config.num_experts_per_tok,
+                                           renormalize=self.config.norm_topk_prob))
             nxt = layers[i + 1][0].input_norm if i + 1 < len(layers) else self.final_norm
-            h, x = self._moe_norm(w, h, x, nxt)
+            h, x = add_rms_norm(h, out, nxt, eps)
             if i in tap_layers:
                 taps.append(h)
         rows = x if all_rows else x[meta.logits_rows]   # x = final_norm(h), row by row
         logits = rows.new_empty(rows.shape[0], 0) if self.head is None else self.head(rows)
         return logits.float(), (torch.stack(taps, dim=1) if tap_layers else None)
-
-    def _moe_norm(self, w: LayerWeights, h: torch.Tensor, x: torch.Tensor, gain: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MoE on x bf16 [T, H], added to the residual stream h, then the next norm (gain):
-        (h, x) as add_rms_norm returns them. At one rank the MoE's combine runs inside the
-        norm's kernel (moe_combine_norm: the same bits, one launch less); with tensor
-        parallelism the combined partial output is all-reduced first."""
-        cfg, eps = self.config, self.config.rms_norm_eps
-        sh = w.shared or (None, None, None, None)
-        args = (x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh)
-        kw = dict(top_k=cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob)
-        if self.all_reduce is None:
-            parts, weights = moe_forward_parts(*args, **kw)
-            return moe_combine_norm(parts, weights, h, gain, eps, has_shared=w.shared is not None)
-        return add_rms_norm(h, self._reduce(moe_forward(*args, **kw)), gain, eps)
 
     def _rope_tables(self, meta: StepMetadata, num_layers: int
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -181,8 +168,9 @@ class PluginModel:
                                        cache["v_meta"], tables, *bounds)
             return out.view(t, hq * d)
         cos, sin = rope if sliding else (None, None)
-        q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps, rope=sliding)
-        fp8_kv_write(k, v, slots, cache["k"], cache["v"], cache["k_scale"], cache["v_scale"])
+        q = qk_norm_rope_kv_write(q, k, v, w.q_norm, w.k_norm, cos, sin, slots, cache["k"],
+                                  cache["v"], cache["k_scale"], cache["v_scale"],
+                                  cfg.rms_norm_eps, rope=sliding)
         out = fp8_paged_attention(q, cache["k"], cache["v"], cache["k_scale"],
                                   cache["v_scale"], tables, *bounds,
                                   window=cfg.sliding_window if sliding else 0)
