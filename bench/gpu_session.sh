@@ -295,7 +295,7 @@ case "${PART:-}" in
   nu)
     unpack carry-b
     step check 120 python3 bench/gpu_check.py --only moe,qknorm,norm
-    minichecks 210 35 graphs
+    minichecks 240 35 graphs
     unset KOLIBRI_PDL     # the default (2) for whole steps
     step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
