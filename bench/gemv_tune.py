@@ -9,8 +9,7 @@ fp8: fp8_gemv at QKV 3584 x 2560 and o_proj 2560 x 2560 (per-tensor scale) and t
 7680 x 2560 (1x64 block scales), M = 1, 16, 64: BLOCK_K x num_stages (FP8_GRID: bytes in flight
 per program). fp8tiles: fp8_gemv at the three FP8 shapes, M = 16 and 64 (the 16-row form): N
 tile x row tiles x num_warps x split-K (FP8_TILE_GRID; split-K sets other bits). router:
-moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages x SPLIT_H x the top-k (fused into the
-logits kernel, or its own kernel at 4 or 1 warps).
+moe_route at E = 256, M = 1 and 64: BLOCK_H x num_stages x SPLIT_H x the top-k kernel's warps.
 Time as bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays);
 bytes = the weights (+ block scales) + x + y; TB/s and % of the 4.14 TB/s read ceiling. Every
 variant's output is compared bit for bit with the defaults' (the N tile groups output columns
@@ -44,10 +43,8 @@ F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
 RT = importlib.import_module("kolibri_trt_plugins.moe_route")
 FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
 FP8_GRID = ([256, 512], [3, 4, 6, 8])    # BLOCK_K, num_stages (kf/ swept BLOCK_N_MAX, MAX_TILES)
-# moe_route's BLOCK_H, num_stages, SPLIT_H, top-k (0: FUSED_TOPK, else TOPK_WARPS of the
-# separate top-k kernel)
-ROUTER_GRID = ([256, 512], [3], [2, 5], [0, 4, 1])
-TOPK_WARPS_DEFAULT = RT.TOPK_WARPS
+# moe_route's BLOCK_H, num_stages, SPLIT_H, TOPK_WARPS
+ROUTER_GRID = ([256, 512], [3], [2, 5], [1, 4])
 # fp8_gemv's (N tile, row tiles per program, num_warps, SPLIT_K or None = by shape) at 16 and
 # 64 rows: per-tensor shapes run them through WIDE_TILES, block scales through block_n_for /
 # MAX_TILES (both set here)
@@ -144,9 +141,8 @@ def fp8_rows(rows: list) -> None:
         torch.cuda.empty_cache()
 
 
-def _set_router(block_h: int, stages: int, split_h: int, topk: int) -> None:
-    RT.BLOCK_H, RT.SPLIT_H = block_h, split_h
-    RT.FUSED_TOPK, RT.TOPK_WARPS = topk == 0, topk or TOPK_WARPS_DEFAULT
+def _set_router(block_h: int, stages: int, split_h: int, topk_warps: int) -> None:
+    RT.BLOCK_H, RT.SPLIT_H, RT.TOPK_WARPS = block_h, split_h, topk_warps
     RT.TUNE["num_stages"] = stages
 
 
@@ -155,8 +151,7 @@ def router_rows(rows: list) -> None:
     ROUTER_GRID. With the defaults' H split and top-k warps the ids and weights must equal the
     defaults' bit for bit; otherwise (other logit or softmax-sum bits) the ids must, and the
     weights within 1e-5."""
-    default = (RT.BLOCK_H, RT.TUNE["num_stages"], RT.SPLIT_H,
-               0 if RT.FUSED_TOPK else RT.TOPK_WARPS)
+    default = (RT.BLOCK_H, RT.TUNE["num_stages"], RT.SPLIT_H, RT.TOPK_WARPS)
     rws = [torch.randn((256, K), device=PT.DEV).bfloat16() * 0.05 for _ in range(32)]
     for m in (1, 64):
         x = torch.randn((m, K), device=PT.DEV).bfloat16()
@@ -170,10 +165,10 @@ def router_rows(rows: list) -> None:
                                                     _set_router, check):
             ok = ids_same and (wdiff == 0.0 if v[2:] == default[2:] else wdiff < 1e-5)
             rows.append(dict(kernel="moe_route", M=m, block_h=v[0], stages=v[1], split_h=v[2],
-                             topk=v[3] or "fused", us=us, ids_equal=ids_same, max_weight_diff=wdiff,
+                             topk_warps=v[3], us=us, ids_equal=ids_same, max_weight_diff=wdiff,
                              bits_equal=ok, default=v == default))
             print(f"router M={m:2d} block_h={v[0]:4d} stages={v[1]} split_h={v[2]} "
-                  f"topk={v[3] or 'fused'} {us:8.1f} us"
+                  f"topk_warps={v[3]} {us:8.1f} us"
                   f"  ids equal: {ids_same}, weights within {wdiff:.1e}"
                   f"{'  (default)' if v == default else ''}", flush=True)
 

@@ -140,6 +140,8 @@
 #   PART=na bash bench/gpu_session.sh   (~5 min, no engine) gpu_check fold + its timing (query
 #       heads split over programs), then Nsight Compute's full set on one launch of each
 #       bench/ncu_targets.py target (INT4/FP8 attention, MoE, NVFP4 head, fold) as text
+#   PART=nv bash bench/gpu_session.sh   (~3 min, no engine) the top-k kernel at one warp
+#       (moe_route.TOPK_WARPS 1): gpu_check moe, whole decode steps
 #   PART=nu bash bench/gpu_session.sh   (~9 min, engine carry-b) the router's top-k in the logits
 #       kernel (moe_route.FUSED_TOPK: the last program of a token tile runs it) and
 #       qk_norm_rope_kv_write (QK-norm + RoPE + FP8 cache write, one kernel): gpu_check
@@ -292,6 +294,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nv)
+    step check 90 python3 bench/gpu_check.py --only moe
+    step fullsize 120 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 70
+    pack nv
+    ;;
   nu)
     unpack carry-b
     step check 120 python3 bench/gpu_check.py --only moe,qknorm,norm

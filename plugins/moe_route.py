@@ -3,13 +3,10 @@
 Maths (shared/spec/kolibri-1.md): logits = x · W_gateᵀ computed in fp32 (bf16 products are exact
 in fp32; the tensor cores accumulate in fp32), p = softmax(logits), (w, e) = top-k(p) with ties
 broken towards the LOWER expert index, w = w / Σw when norm_topk_prob.
-One kernel (FUSED_TOPK; else two): the logits GEMV spreads the router matrix over many
-programs (each reads 16 experts' rows once for up to 64 tokens); the last program of each token
-tile to finish (a ticket counter, the threadfence-reduction pattern of the CUDA samples) then
-runs the top-k of the tile's tokens on E floats each ([16, E] tiles whatever the batch: batch
-invariant). Without FUSED_TOPK a second kernel runs the top-k, one program per token.
+Two kernels, one op: the logits GEMV spreads the router matrix over many programs (each reads
+16 experts' rows once for up to 64 tokens); the per-token top-k kernel then runs on E floats.
 SPLIT_H > 1 splits H over that many programs per expert tile (plugins/_split_k.py ranges),
-and the top-k sums the fp32 partials in the order s = 0, 1, ... before the softmax: a
+and the top-k kernel sums the fp32 partials in the order s = 0, 1, ... before the softmax: a
 function of (E, H) only, so batch invariant, but other logit bits than SPLIT_H = 1. On the
 H200 at E = 256, H = 2560 (`bench/gemv_tune.py --kernels router`,
 bench/results/h200-2026-11-30l/ko/router.log): SPLIT_H 1 -> 5 with BLOCK_H 256, M = 1
@@ -32,44 +29,22 @@ BLOCK_E = 16
 BLOCK_H = 256
 TUNE = dict(num_warps=4, num_stages=3)
 SPLIT_H = 5      # H ranges per expert tile (module docstring)
-TOPK_WARPS = 4   # warps of the top-k kernel (its softmax sum's order follows them)
-# The top-k inside the logits kernel, run by the last program of each token tile (a ticket
-# counter per tile, reset by that program: `ticket_counters`): one launch instead of two.
-FUSED_TOPK = True
-MAX_COUNTERS = 1024   # ticket counters kept per device (token tiles of 64: 65,536 tokens)
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def ticket_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """int32 zeros [>= tiles] on `device`, one ticket counter per token tile of the fused
-    router; every launch leaves them at 0, so one buffer per device serves every launch
-    that runs on that device one after another (launches on two streams at once would share
-    them: the target's MoE runs on one stream). Allocated outside CUDA graph capture.
-    Raises RuntimeError if it would have to grow during a capture (run the shape eagerly
-    first)."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"moe_route: {tiles} ticket counters needed during CUDA graph "
-                               "capture; run this batch size once before capturing")
-        buf = torch.zeros(max(tiles, MAX_COUNTERS), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
+# Warps of the top-k kernel (its softmax sum's order follows them). H200
+# (bench/results/h200-2026-12-01c/nu/tune.log, router + top-k, SPLIT_H 5): 4 -> 1 warp M = 1
+# 6.1 -> 5.0 µs, M = 64 7.8 -> 6.7 µs (one warp: shuffles only, no shared-memory rounds). The
+# top-k run by the logits kernel's last program per token tile (a ticket counter) took 5.3 /
+# 30.3 µs: at 64 tokens one program ran the top-k of all of them (removed).
+TOPK_WARPS = 1
 
 
 @jit
-def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m, cnt_ptr, ids_ptr, w_ptr,
+def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
                           MT: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
-                          FUSED: tl.constexpr = 0, TOPK: tl.constexpr = 1,
-                          E_P: tl.constexpr = 16, K_P: tl.constexpr = 2,
-                          RENORM: tl.constexpr = 1, PDL: tl.constexpr = 0):
+                          PDL: tl.constexpr = 0):
     """Logits (SPLIT > 1: the partial of H range program_id(2), at lg + s·M·E) of one tile of
-    BLOCK_E experts for up to MT·ROWS tokens. FUSED: the program that finishes last among
-    those of its token tile (a ticket on cnt[program_id(1)]) then runs the top-k of the
-    tile's tokens (`_topk_tile`) and puts the ticket counter back to 0."""
+    BLOCK_E experts for up to MT·ROWS tokens."""
     pdl_enter(PDL)
-    lg_base = lg_ptr
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m0 = tl.program_id(1) * ROWS * MT
     rows = tl.arange(0, ROWS)
@@ -97,50 +72,6 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m, cnt_ptr, ids_ptr
         out = tile_acc(t, acc0, acc1, acc2, acc3)
         tl.store(lg_ptr + m[:, None].to(tl.int64) * E + e[None, :], out,
                  mask=(m < M)[:, None] & (e < E)[None, :])
-    if FUSED:
-        # every thread's stores before thread 0's release (one thread runs a scalar atomic)
-        tl.debug_barrier()
-        last = tl.num_programs(0) * tl.num_programs(2) - 1
-        if tl.atomic_add(cnt_ptr + tl.program_id(1), 1, sem="acq_rel", scope="gpu") == last:
-            for t in tl.static_range(MT):
-                _topk_tile(lg_base, ids_ptr, w_ptr, m0 + t * ROWS + rows, M, E, TOPK, E_P, K_P,
-                           RENORM, SPLIT)
-            tl.store(cnt_ptr + tl.program_id(1), 0)
-
-
-@jit
-def _topk_tile(lg_ptr, ids_ptr, w_ptr, m, M, E, TOPK: tl.constexpr, E_P: tl.constexpr,
-               K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr):
-    """Softmax, top-k (ties to the lower index) and renormalisation of the tokens m [ROWS]
-    (rows >= M masked) from the H ranges' partial logits, summed in order s = 0, 1, ...; read
-    through L2 (.cg): other programs wrote them during this launch."""
-    e = tl.arange(0, E_P)
-    em = e < E
-    offs = m[:, None].to(tl.int64) * E + e[None, :]
-    mask = (m < M)[:, None] & em[None, :]
-    lg = tl.load(lg_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, SPLIT):
-        lg += tl.load(lg_ptr + s * M * E + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    lg = tl.where(em[None, :], lg, float("-inf"))
-    ex = tl.exp(lg - tl.max(lg, 1)[:, None])
-    p = tl.where(em[None, :], ex / tl.sum(ex, 1)[:, None], -1.0)
-    kk = tl.arange(0, K_P)[None, :]
-    sel_i = tl.zeros([m.shape[0], K_P], tl.int32)
-    sel_p = tl.zeros([m.shape[0], K_P], tl.float32)
-    total = tl.zeros([m.shape[0]], tl.float32)
-    for i in tl.static_range(TOPK):
-        best = tl.max(p, 1)
-        idx = tl.min(tl.where(p == best[:, None], e[None, :], E_P), 1)
-        sel_i = tl.where(kk == i, idx[:, None], sel_i)
-        sel_p = tl.where(kk == i, best[:, None], sel_p)
-        total += best
-        p = tl.where(e[None, :] == idx[:, None], -2.0, p)
-    if RENORM:
-        sel_p = sel_p / total[:, None]
-    out = m[:, None].to(tl.int64) * TOPK + kk
-    keep = (m < M)[:, None] & (kk < TOPK)
-    tl.store(ids_ptr + out, sel_i, mask=keep)
-    tl.store(w_ptr + out, sel_p, mask=keep)
 
 
 @jit
@@ -203,7 +134,7 @@ def _(x, router_weight, top_k, renormalize):
 
 
 def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret: bool = False):
-    """The routing kernel(s) without argument checks or op dispatch, for `moe_forward`'s
+    """The two routing kernels without argument checks or op dispatch, for `moe_forward`'s
     CUDA body (inside its own op, which checked x, router_weight and top_k as
     :func:`moe_route` does). Same arguments and results as :func:`moe_route`."""
     M, H = x.shape
@@ -215,17 +146,12 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
     split = num_splits(H, SPLIT_H, BLOCK_H)
     logits = torch.empty((split, M, E), dtype=torch.float32, device=x.device)
     mt = min(MAX_TILES, cdiv(M, ROWS))
-    grid = (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt), split)
-    topk = dict(TOPK=top_k, E_P=max(16, next_pow2(E)), K_P=max(2, next_pow2(top_k)),
-                RENORM=bool(renormalize), SPLIT=split)
-    cnt = ticket_counters(x.device, grid[1]) if FUSED_TOPK else ids
-    launch(_router_logits_kernel, grid, x, router_weight, logits, M, E, H, x.stride(0), cnt,
-           ids, wts, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, ROWS=ROWS, MT=mt, DOT_F32=interpret,
-           FUSED=int(FUSED_TOPK), interpret=interpret, **(topk if FUSED_TOPK else
-                                                          dict(SPLIT=split)), **TUNE)
-    if not FUSED_TOPK:
-        launch(_topk_kernel, (M,), logits, ids, wts, M, E, **topk, num_warps=TOPK_WARPS,
-               interpret=interpret)
+    launch(_router_logits_kernel, (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt), split), x,
+           router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
+           ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret, **TUNE)
+    launch(_topk_kernel, (M,), logits, ids, wts, M, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
+           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=TOPK_WARPS,
+           interpret=interpret)
     return ids, wts
 
 

@@ -52,38 +52,6 @@ def test_route_split_h_interpreter(interp, monkeypatch, split):
     assert torch.allclose(w_k, w_r, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("m", [1, 3, 70, 130])
-def test_route_fused_topk_interpreter(interp, monkeypatch, m):
-    """The top-k run by the last program of each 64-token tile (FUSED_TOPK) picks the
-    experts of the two-kernel form and of the reference, with weights within fp32 rounding
-    (another sum order), and leaves its ticket counters at 0; 130 tokens are three tiles."""
-    import importlib
-    rt = importlib.import_module("kolibri_trt_plugins.moe_route")
-    monkeypatch.setattr(rt, "_COUNTERS", {})
-    g = T.gen(50 + m)
-    x = T.randn((m, 512), g)
-    rw = T.randn((40, 512), g, scale=0.1)
-    rw[7] = rw[3]  # exact duplicate: identical logits, the lower index must win
-    ids_f, w_f = moe_route(x, rw, 6, interpret=True)
-    assert int(rt._COUNTERS[x.device].abs().sum()) == 0
-    monkeypatch.setattr(rt, "FUSED_TOPK", False)
-    ids_2, w_2 = moe_route(x, rw, 6, interpret=True)
-    ids_r, w_r = moe_route_ref(x, rw, 6)
-    assert torch.equal(ids_f, ids_2) and torch.equal(ids_f, ids_r)
-    assert torch.allclose(w_f, w_2, rtol=1e-5, atol=1e-6)
-    assert torch.allclose(w_f, w_r, rtol=1e-5, atol=1e-6)
-
-
-def test_ticket_counters_one_buffer_per_device(monkeypatch):
-    import importlib
-    rt = importlib.import_module("kolibri_trt_plugins.moe_route")
-    monkeypatch.setattr(rt, "_COUNTERS", {})
-    buf = rt.ticket_counters(torch.device("cpu"), 3)
-    assert buf.numel() == rt.MAX_COUNTERS and int(buf.abs().sum()) == 0
-    assert rt.ticket_counters(torch.device("cpu"), rt.MAX_COUNTERS) is buf
-    assert rt.ticket_counters(torch.device("cpu"), rt.MAX_COUNTERS + 1).numel() > rt.MAX_COUNTERS
-
-
 def expert_dense(x, w13, s13, w2, s2):
     """Independent dense expert: fp64 gate/up, bf16 activation (the kernel's format), fp64 down."""
     inter = w13.shape[0] // 2
