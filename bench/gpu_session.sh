@@ -152,6 +152,8 @@
 #       next norm (moe_forward_parts + moe_combine_norm) and the swap at every MoE chunk
 #       (SWAP_TOKENS 64): gpu_check moe,norm, the trained default's gpu_runtime and gpu_drafter
 #       graphs, whole steps, the kernel table's MoE rows (fused against unfused)
+#   PART=ns bash bench/gpu_session.sh   (~5 min, engine carry-b) the trained default's gpu_runtime
+#       and gpu_drafter graphs (after 5aad8dd's one-warp top-k)
 #   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
 #       (MoE at one token, NVFP4 LM head at one row, fp8_gemv QKV at 1 row) and fp8_gemv at 64
 #       rows (WIDE_TILES); bench/gemv_tune.py --kernels fp8tiles,router (fp8_gemv's tiles at
@@ -319,6 +321,11 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step plugins 90 python3 bench/plugins.py --only moe --csv "$OUT/plugins.csv"
     pack nt
+    ;;
+  ns)
+    unpack carry-b
+    minichecks 240 35 graphs
+    pack ns
     ;;
   nr)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
