@@ -152,6 +152,9 @@
 #       next norm (moe_forward_parts + moe_combine_norm) and the swap at every MoE chunk
 #       (SWAP_TOKENS 64): gpu_check moe,norm, the trained default's gpu_runtime and gpu_drafter
 #       graphs, whole steps, the kernel table's MoE rows (fused against unfused)
+#   PART=nw bash bench/gpu_session.sh   (~5 min, no engine) bench/moe_pipeline.py: the swapped MoE
+#       experts under register caps (maxnreg 128 / 168: 4 programs per SM at 64 tokens instead
+#       of 2), narrower N tiles, other stages and BLOCK_K, M = 1, 4, 16, 64, bits checked
 #   PART=ns bash bench/gpu_session.sh   (~5 min, engine carry-b) the trained default's gpu_runtime
 #       and gpu_drafter graphs (after 5aad8dd's one-warp top-k)
 #   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
@@ -296,6 +299,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nw)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step pipeline 300 python3 bench/moe_pipeline.py
+    pack nw
+    ;;
   nv)
     step check 90 python3 bench/gpu_check.py --only moe
     step fullsize 120 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 70

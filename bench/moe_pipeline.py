@@ -4,9 +4,9 @@ H = 2560, I = 768, one shared expert). One call:
 
     python3 bench/moe_pipeline.py [--out DIR] [--breakdown] [--defaults-only]
 
-Per M in 1, 4, 16, 64: moe_forward at the file's defaults and at other num_stages, num_warps,
-N tile widths (narrower than moe_experts.TILE_N) and BLOCK_K; time as bench/plugins.py (one CUDA
-graph over rotated input sets, median of 5 x 20 replays), bytes = router + distinct experts +
+Per M in 1, 4, 16, 64: moe_forward at the file's defaults and at other num_stages, register
+caps (maxnreg), N tile widths (narrower than moe_experts.TILE_N) and BLOCK_K; time as
+bench/plugins.py (one CUDA graph over rotated input sets, median of 5 x 20 replays), bytes = router + distinct experts +
 shared + x/y, TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit
 for bit with the file's defaults (no setting changes a dot or its K order). --breakdown: then,
 per M, the defaults' kernels under torch.profiler (µs per moe_forward call, by kernel name);
@@ -36,19 +36,31 @@ from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 E, H, INTER, TOPK = 256, 2560, 768, 6
 DEFAULT_TILES = dict(ME.TILE_N)
-NARROW = {True: ((32, 16), (ME.MAX_TOKENS, 64)), False: ((4, 32), (ME.MAX_TOKENS, 128))}
-# (num_stages, TILE_N override or None = the file's, BLOCK_K, num_warps); the first is the
-# file's default
-VARIANTS = [(3, None, 128, 4), (5, None, 128, 4), (8, None, 128, 4), (3, NARROW, 128, 4),
-            (5, NARROW, 128, 4), (3, None, 128, 2), (5, None, 128, 2), (5, None, 64, 4),
-            (8, None, 64, 4)]
+TUNES = ("TUNE", "TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY")   # every launch config
+DEFAULT_TUNES = {t: dict(getattr(ME, t)) for t in TUNES}
+# 32-wide gate/up tiles and 64-wide down tiles at every chunk size (the file: 64 / 128 past 32
+# / 4 tokens): AOT sm_90 at 64 tokens, gate/up 202 -> 145 registers
+NARROW = {True: ((ME.MAX_TOKENS, 32),), False: ((4, 64), (ME.MAX_TOKENS, 64))}
+# (num_stages or None = the file's, TILE_N override or None = the file's, BLOCK_K, num_warps,
+# maxnreg or None): register caps at 64 tokens (AOT: 202 registers, 2 programs per SM; 128 ->
+# 4 programs, 16 B of stack, 11 more instructions per K step); the first is the file's default
+VARIANTS = [(None, None, 128, 4, None), (None, None, 128, 4, 128), (None, None, 128, 4, 168),
+            (None, NARROW, 128, 4, None), (None, NARROW, 128, 4, 128), (3, None, 128, 4, None),
+            (5, None, 128, 4, None), (None, None, 64, 4, None)]
 PROFILED = 10   # graph replays under the profiler (--breakdown)
 
 
 def apply(v):
-    ns, tiles, block_k, warps = v
+    ns, tiles, block_k, warps, maxnreg = v
     ME.BLOCK_K = block_k
-    ME.TUNE.update(num_warps=warps, num_stages=ns)
+    for t in TUNES:
+        tune = getattr(ME, t)
+        tune.clear()
+        tune.update(DEFAULT_TUNES[t], num_warps=warps)
+        if ns is not None:
+            tune["num_stages"] = ns
+        if maxnreg is not None:
+            tune["maxnreg"] = maxnreg
     ME.TILE_N = tiles or DEFAULT_TILES
 
 
@@ -99,10 +111,11 @@ def main():
                 continue
             tbs = nbytes / us / 1e6
             rows.append(dict(M=M, stages=v[0], narrow=v[1] is not None, block_k=v[2],
-                             warps=v[3], us=us, MB=nbytes / 1e6, TBs=tbs,
+                             warps=v[3], maxnreg=v[4], us=us, MB=nbytes / 1e6, TBs=tbs,
                              pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))
-            print(f"M={M:2d} stages={v[0]} tiles={'narrow' if v[1] else 'file'} "
-                  f"block_k={v[2]} warps={v[3]} {us:8.1f} us {nbytes / 1e6:7.1f} MB "
+            print(f"M={M:2d} stages={v[0] or 'file'} tiles={'narrow' if v[1] else 'file'} "
+                  f"block_k={v[2]} warps={v[3]} maxnreg={v[4]} {us:8.1f} us "
+                  f"{nbytes / 1e6:7.1f} MB "
                   f"{tbs:5.2f} TB/s {100 * tbs * 1e12 / PT.BW:5.1f}%  bits == default: {same}",
                   flush=True)
     apply(VARIANTS[0])

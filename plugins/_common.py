@@ -148,7 +148,7 @@ def launch(kernel, grid: Sequence[int], *args, interpret: bool = False, **kwargs
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
     if isinstance(kernel, InterpretedFunction):  # TRITON_INTERPRET=1 was set before import
         kernel[tuple(grid)](*args, **kwargs)
         return
