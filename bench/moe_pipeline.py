@@ -42,17 +42,21 @@ DEFAULT_TUNES = {t: dict(getattr(ME, t)) for t in TUNES}
 # / 4 tokens): AOT sm_90 at 64 tokens, gate/up 202 -> 145 registers
 NARROW = {True: ((ME.MAX_TOKENS, 32),), False: ((4, 64), (ME.MAX_TOKENS, 64))}
 # (num_stages or None = the file's, TILE_N override or None = the file's, BLOCK_K, num_warps,
-# maxnreg or None): register caps at 64 tokens (AOT: 202 registers, 2 programs per SM; 128 ->
-# 4 programs, 16 B of stack, 11 more instructions per K step); the first is the file's default
-VARIANTS = [(None, None, 128, 4, None), (None, None, 128, 4, 128), (None, None, 128, 4, 168),
-            (None, NARROW, 128, 4, None), (None, NARROW, 128, 4, 128), (3, None, 128, 4, None),
-            (5, None, 128, 4, None), (None, None, 64, 4, None)]
+# maxnreg or None, TILE_LOOP): register caps at 64 tokens (AOT: 202 registers, 2 programs per
+# SM; 128 -> 4 programs, 16 B of stack, 11 more instructions per K step); the row tiles as a
+# runtime loop (AOT: 7984 -> 2160 instructions, 188 registers); the first is the file's default
+FILE_LOOP = ME.TILE_LOOP
+VARIANTS = [(None, None, 128, 4, None, FILE_LOOP), (None, None, 128, 4, 128, FILE_LOOP),
+            (None, None, 128, 4, 168, FILE_LOOP), (None, None, 128, 4, None, not FILE_LOOP),
+            (None, None, 128, 4, 128, not FILE_LOOP), (None, NARROW, 128, 4, None, FILE_LOOP),
+            (None, NARROW, 128, 4, 128, FILE_LOOP), (3, None, 128, 4, None, FILE_LOOP),
+            (5, None, 128, 4, None, FILE_LOOP), (None, None, 64, 4, None, FILE_LOOP)]
 PROFILED = 10   # graph replays under the profiler (--breakdown)
 
 
 def apply(v):
-    ns, tiles, block_k, warps, maxnreg = v
-    ME.BLOCK_K = block_k
+    ns, tiles, block_k, warps, maxnreg, loop = v
+    ME.BLOCK_K, ME.TILE_LOOP = block_k, loop
     for t in TUNES:
         tune = getattr(ME, t)
         tune.clear()
@@ -111,10 +115,10 @@ def main():
                 continue
             tbs = nbytes / us / 1e6
             rows.append(dict(M=M, stages=v[0], narrow=v[1] is not None, block_k=v[2],
-                             warps=v[3], maxnreg=v[4], us=us, MB=nbytes / 1e6, TBs=tbs,
+                             warps=v[3], maxnreg=v[4], tile_loop=v[5], us=us, MB=nbytes / 1e6, TBs=tbs,
                              pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))
             print(f"M={M:2d} stages={v[0] or 'file'} tiles={'narrow' if v[1] else 'file'} "
-                  f"block_k={v[2]} warps={v[3]} maxnreg={v[4]} {us:8.1f} us "
+                  f"block_k={v[2]} warps={v[3]} maxnreg={v[4]} loop={v[5]} {us:8.1f} us "
                   f"{nbytes / 1e6:7.1f} MB "
                   f"{tbs:5.2f} TB/s {100 * tbs * 1e12 / PT.BW:5.1f}%  bits == default: {same}",
                   flush=True)

@@ -60,6 +60,9 @@ ROWS_SWAP = 8
 TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
 TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3-8 tokens
 TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9 to SWAP_TOKENS tokens
+# Row tiles after the first as a runtime loop (one copy of the pass; the bits are the same):
+# AOT sm_90 at 64 tokens (8 tiles of 8) see plugins/NOTES.md; off until timed (PART=nw).
+TILE_LOOP = False
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 BLOCK_C = 256                         # columns per program of the split-K combine
 
@@ -255,9 +258,11 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-          ONE: tl.constexpr, SWAP: tl.constexpr):
+          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
-    every token that picked it, one pass over the expert's weight tile per 16-row tile."""
+    every token that picked it, one pass over the expert's weight tile per row tile. LOOP
+    (TILE_LOOP): the row tiles after the first as a runtime loop over the expert's tiles (one
+    copy of the pass) instead of MT unrolled copies."""
     n_out = tl.where(is_shared, N_SH, N)
     k_in = tl.where(is_shared, K_SH, K)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -270,10 +275,22 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
             wb = w_ptr + e.to(tl.int64) * rows_w * k_in
             scale = tl.load(ws_ptr + e)
         nmask = n < n_out
-        for t in tl.static_range(MT):
-            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
+        if LOOP and MT > 2:
+            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, 0,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
                        M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
+            tiles = tl.cdiv(_expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P), ROWS)
+            for t in range(1, tiles):
+                tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
+                                                 ROWS, ONE)
+                _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
+                           t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
+                           BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP)
+        else:
+            for t in tl.static_range(MT):
+                _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out,
+                           k_in, t, M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N,
+                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
 
 
 @jit
@@ -285,7 +302,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
                        DECODE: tl.constexpr = 1, ONE: tl.constexpr = False,
                        SHARED: tl.constexpr = True, SWAP: tl.constexpr = False,
-                       PDL: tl.constexpr = 0):
+                       LOOP: tl.constexpr = False, PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: unit 0 is the shared expert and unit u > 0 the
     (token, slot) pair r = u - 1 of ids (else r = u): the shared expert's programs, which
     pass over the weights once per 16 tokens, are the first the GPU starts (the grid's
@@ -306,7 +323,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP)
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
@@ -383,7 +400,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
-                SWAP=swap, interpret=interpret,
+                SWAP=swap, LOOP=TILE_LOOP, interpret=interpret,
                 **_tune(M, swap))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:

@@ -101,6 +101,20 @@ def test_swapped_form_keeps_bits(interp, monkeypatch, M, swap_tokens):
     assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
 
 
+@pytest.mark.parametrize("M", [33, 64])
+def test_tile_loop_keeps_bits(interp, monkeypatch, M):
+    """TILE_LOOP (row tiles after the first as a runtime loop) gives the unrolled form's bits;
+    the shared expert and a 20-token expert take several 8-token tiles."""
+    g = T.gen(60 + M)
+    wts = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((M, H), g)
+    x[:20] = x[0]   # 20 equal rows: their experts get 20 tokens each
+    monkeypatch.setattr(ME, "TILE_LOOP", False)
+    want = moe_forward(x, *wts, top_k=K, interpret=True)
+    monkeypatch.setattr(ME, "TILE_LOOP", True)
+    assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
+
+
 def test_errors_name_the_argument():
     g = T.gen(1)
     rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
