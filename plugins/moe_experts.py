@@ -3,13 +3,15 @@
 One launch covers the routed experts and the shared one. Program (n-tile, u): unit 0 is the
 shared expert (all tokens, slot k), unit u > 0 the (token, slot) pair r = u - 1 of ``ids``
 [M, k]; it runs only if its expert id appears for the first time at r (row-major), and then
-serves every token that picked that expert: one pass over the expert's weight tile per 16 of
-its tokens (almost always one). Without a shared expert, unit u is pair u.
+serves every token that picked that expert: one pass over the expert's weight tile per row
+tile of its tokens (8 with SWAP, else 16; almost always one). Without a shared expert, unit u
+is pair u.
 - GATED (gate_up): w [E, 2N, K] (rows 0..N-1 gate_proj, N..2N-1 up_proj), input x [M, K];
   writes act[m, slot, :N] = bf16(silu(s_e·x·gateᵀ) · (s_e·x·upᵀ)).
 - not GATED (down): w [E, N, K], input act[m, slot, :K]; writes out[m, slot, :N] = fp32 s_e·act·wᵀ.
 Weights e4m3 with one fp32 scale per expert (shared/spec/kolibri-1.md, plugins/LAYOUTS.md).
-Batch invariance: 16-row dot tiles, fixed K order; a token's rows never mix with other tokens'.
+Batch invariance: fixed K order per output (both operand orders give the same bits); a token's
+rows never mix with other tokens'.
 
 Split-K (``split_k_for``; default 1 = the single-pass kernel): program (n-tile, u, s) walks K range
 s (plugins/_split_k.py) and stores unscaled fp32 partials [S, G, M, k+1, Np] (G = 2: gate, up;
@@ -29,8 +31,8 @@ from ._e4m3_decode import check_decode, e4m3_to_bf16
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
-# K step: 128 against 256 (H200, bench/moe_pipeline.py, bench/results/h200-2026-11-30h/zp/): same
-# bits, half the shared memory, M=1/4/16/64 41.3/76.9/201.0/728.5 -> 40.6/74.8/186.4/641.0 µs
+# K step: 128 against 256 (H200, bench/results/h200-2026-11-30h/zp/): same bits, half the shared
+# memory, faster at every M then (M=64 728.5 -> 641.0 µs)
 BLOCK_K = 128
 BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS False: sweeps)
 # Output columns per program by tokens in the chunk (TILES_BY_TOKENS): (up to M tokens, width)
@@ -45,16 +47,10 @@ TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps
 DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # Chunks of at most SWAP_TOKENS tokens (0: none) compute out^T = W·x^T: the weight tile is the
 # MMA's A operand (gate and up rows stacked in one [2·BLOCK_N, BLOCK_K] tile) and the tokens its
-# N, in ROWS_SWAP-token tiles (the MMA's smallest N), instead of x·W^T in 16-token tiles. AOT
-# sm_90, loop instructions per K step at one token: gate_up 287 -> 220, down 294 -> 227 (no
-# operand moves, half the HMMAs). H200 (bench/results/h200-2026-12-01b/nm/swap.log, the same
-# bits, gpu_check moe 156/156 with it), µs, 16-row form -> swapped at num_stages 3 / 4 / 5:
-# M=1 30.4 -> 27.3 / 25.2 / 25.5, M=2 39.6 -> 35.2 / 34.2 / 34.6, M=4 56.8 -> 50.4 / 51.5 /
-# 54.1, M=8 90.9 -> 87.1 / 92.5 / 85.8. At 9-64 tokens (an expert with more than 8 tokens takes
-# one pass of its weight tile per 8 tokens; AOT gate/up loop per pass of a 64-wide N tile 475 ->
-# 386 instructions), bench/results/h200-2026-12-01c/nq/swap.log, stages 3 / 4: M=16 147.0 ->
-# 142.1 / 137.9, M=32 258.6 -> 242.2 / 240.1, M=64 406.4 -> 403.9 / 384.6, the same bits
-# (gpu_check moe with SWAP_TOKENS 64: 11/11, nq/check_wide.log).
+# N, in ROWS_SWAP-token tiles (the MMA's smallest N), instead of x·W^T in 16-token tiles: no
+# operand moves, half the HMMAs, the same bits. H200, µs, 16-row form -> swapped (stages of
+# the TUNE_SWAP* below; plugins/NOTES.md, bench/results/h200-2026-12-01b/nm/ and -01c/nq/):
+# M=1 30.4 -> 25.2, M=4 56.8 -> 50.4, M=16 147.2 -> 137.9, M=64 406.6 -> 384.6.
 SWAP_TOKENS = MAX_TOKENS
 ROWS_SWAP = 8
 TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
@@ -151,11 +147,9 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
                SWAP: tl.constexpr):
     """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
-    The K loop holds no branch, so Triton pipelines its loads (cp.async, 2 buffers at
-    num_stages 3). With the row tiles inside the K loop (before 2026-11-30g) the branch around
-    each tile's dots kept Triton from pipelining (AOT for sm_90: no cp.async); H200, same bits:
-    M=1 50.3 -> 41.5 µs, M=16 239.7 -> 202.1, M=64 821.5 -> 719.9 (bench/moe_pipeline.py). A
-    second row tile re-reads the weights (mostly from L2): only experts with > ROWS tokens."""
+    The K loop holds no branch, so Triton pipelines its loads (cp.async; a branch inside kept
+    it from doing so: plugins/NOTES_HISTORY.md, 2026-11-30g). A second row tile re-reads the
+    weights (mostly from L2): only experts with more than ROWS tokens."""
     arow = tok.to(tl.int64) * sa_m + tslot.to(tl.int64) * sa_s
     if SPLIT == 1:
         k_lo = 0
