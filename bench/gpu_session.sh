@@ -152,9 +152,11 @@
 #       next norm (moe_forward_parts + moe_combine_norm) and the swap at every MoE chunk
 #       (SWAP_TOKENS 64): gpu_check moe,norm, the trained default's gpu_runtime and gpu_drafter
 #       graphs, whole steps, the kernel table's MoE rows (fused against unfused)
-#   PART=nw bash bench/gpu_session.sh   (~5 min, no engine) bench/moe_pipeline.py: the swapped MoE
+#   PART=nw bash bench/gpu_session.sh   (~8 min, no engine) bench/moe_pipeline.py: the swapped MoE
 #       experts under register caps (maxnreg 128 / 168: 4 programs per SM at 64 tokens instead
-#       of 2), narrower N tiles, other stages and BLOCK_K, M = 1, 4, 16, 64, bits checked
+#       of 2), the row tiles as a runtime loop (TILE_LOOP), narrower N tiles, other stages and
+#       BLOCK_K, M = 1, 4, 16, 64, bits checked; bench/int4_attn_ab.py (32-row verification
+#       programs: ROWS_MAX 32)
 #   PART=ns bash bench/gpu_session.sh   (~5 min, engine carry-b) the trained default's gpu_runtime
 #       and gpu_drafter graphs (after 5aad8dd's one-warp top-k)
 #   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
@@ -302,6 +304,7 @@ case "${PART:-}" in
   nw)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step pipeline 300 python3 bench/moe_pipeline.py
+    step int4ab 200 python3 bench/int4_attn_ab.py --budget 150
     pack nw
     ;;
   nv)

@@ -166,6 +166,26 @@ def test_int4_decode_rows_of_a_gqa_group(interp):
         assert T.rel_err(out, ref) < INTERP_TOL, qlens
 
 
+def test_int4_verify_rows_per_program_same_bits(interp):
+    """Verification rows in 32-row programs (ROWS_MAX 32: 1 + 3 tokens x GQA 5 in one program)
+    give the bits of 16-row ones: each row's sums run in the same order whatever the tile."""
+    g = T.gen(62)
+    seqs, qlens = [5, 40, 71], [1, 4, 2]
+    bt, sl, cu, nb = T.paged_layout(seqs, qlens, 16, g)
+    cache = T.int4_cache(nb, 16, 2, g)
+    q = T.randn((sum(qlens), 10, 128), g)
+    ia = importlib.import_module("kolibri_trt_plugins.int4_paged_attention")
+    outs = []
+    for rows in (16, 32):
+        saved, ia.ROWS_MAX = ia.ROWS_MAX, rows
+        try:
+            outs.append(int4_paged_attention(q, *cache, bt, sl, cu, max(seqs), max(qlens),
+                                             part=32, interpret=True))
+        finally:
+            ia.ROWS_MAX = saved
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_fp8_interpreter_matches_reference(interp):
     g = T.gen(5)
     for blk in (16, 64):
