@@ -96,12 +96,18 @@ def fp8_kv_write(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale,
     for name, x in (("k", k), ("v", v)):
         if x.stride(2) != 1:
             raise ValueError(f"{name}: last dim must have stride 1, strides {x.stride()}")
-    check_tensor("slot_mapping", slot_mapping, torch.int64, (T,), dev)
-    check_tensor("k_cache", k_cache, torch.float8_e4m3fn, (None, None, hkv, HEAD_DIM), dev)
-    check_tensor("v_cache", v_cache, torch.float8_e4m3fn, tuple(k_cache.shape), dev)
-    check_scalar_tensor("k_scale", k_scale, dev)
-    check_scalar_tensor("v_scale", v_scale, dev)
+    check_cache_args(slot_mapping, k_cache, v_cache, k_scale, v_scale, T, hkv, dev)
     if interpret:
         _launch(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale, True)
         return
     torch.ops.kolibri_plugins.fp8_kv_write(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale)
+
+
+def check_cache_args(slot_mapping, k_cache, v_cache, k_scale, v_scale, tokens: int, hkv: int,
+                     device: torch.device) -> None:
+    """The FP8 cache write's arguments besides k and v (ValueError naming the argument)."""
+    check_tensor("slot_mapping", slot_mapping, torch.int64, (tokens,), device)
+    check_tensor("k_cache", k_cache, torch.float8_e4m3fn, (None, None, hkv, HEAD_DIM), device)
+    check_tensor("v_cache", v_cache, torch.float8_e4m3fn, tuple(k_cache.shape), device)
+    check_scalar_tensor("k_scale", k_scale, device)
+    check_scalar_tensor("v_scale", v_scale, device)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, launch
-from ._common import next_pow2, pdl_enter, pdl_release, tl
-from .fp8_kv_write import fp8_kv_write_ref, fp8_store_heads
+from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
+from ._common import pdl_enter, pdl_release
+from .fp8_kv_write import check_cache_args, fp8_kv_write_ref, fp8_store_heads
 from .qk_norm_rope import HEAD_DIM, _check, _norm_rope_heads, norm_rope_values, qk_norm_rope_ref
 
 
@@ -113,11 +113,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, cos, sin, slot_mapping, k_cac
     check_tensor("v", v, torch.bfloat16, (T, hkv, HEAD_DIM), dev, contiguous=False)
     if v.stride(2) != 1:
         raise ValueError(f"v: last dim must have stride 1, strides {v.stride()}")
-    check_tensor("slot_mapping", slot_mapping, torch.int64, (T,), dev)
-    check_tensor("k_cache", k_cache, torch.float8_e4m3fn, (None, None, hkv, HEAD_DIM), dev)
-    check_tensor("v_cache", v_cache, torch.float8_e4m3fn, tuple(k_cache.shape), dev)
-    check_scalar_tensor("k_scale", k_scale, dev)
-    check_scalar_tensor("v_scale", v_scale, dev)
+    check_cache_args(slot_mapping, k_cache, v_cache, k_scale, v_scale, T, hkv, dev)
     if not rope:
         cos = sin = None
     args = (q, k, v, q_norm, k_norm, cos, sin, slot_mapping, k_cache, v_cache, k_scale, v_scale,
