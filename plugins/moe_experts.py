@@ -15,7 +15,7 @@ rows never mix with other tokens'.
 
 Split-K (``split_k_for``; default 1 = the single-pass kernel): program (n-tile, u, s) walks K range
 s (plugins/_split_k.py) and stores unscaled fp32 partials [S, G, M, k+1, Np] (G = 2: gate, up;
-G = 1: down); ``_moe_split_combine_kernel`` sums them in the order s = 0..S-1 and applies the
+G = 1: down); ``moe_split_combine.py`` sums them in the order s = 0..S-1 and applies the
 expert scale (and silu(gate)·up), writing the same act / out rows. S is a function of the layer
 shape only.
 """
@@ -26,8 +26,9 @@ import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
-from ._split_k import k_range, num_splits, sum_splits
+from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
+from .moe_split_combine import launch_split_combine
 
 ROWS = 16
 MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
@@ -60,7 +61,6 @@ TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9 to SWAP_TOKENS 
 # AOT sm_90 at 64 tokens (8 tiles of 8) see plugins/NOTES.md; off until timed (PART=nw).
 TILE_LOOP = False
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
-BLOCK_C = 256                         # columns per program of the split-K combine
 
 
 
@@ -321,33 +321,6 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
-@jit
-def _moe_split_combine_kernel(p_ptr, ids_ptr, ws_ptr, shs_ptr, o_ptr, N, N_SH, sp_s, sp_g, sp_r,
-                              so_s, TOPK: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
-                              BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    """Row r = m·(k+1) + slot: sum the SPLIT partials in order, scale by the row's expert scale;
-    GATED: act = bf16(silu(s·gate)·(s·up)), else out = fp32 s·Σ. N_SH = 0: no shared expert."""
-    pdl_enter(PDL)
-    r = tl.program_id(0)
-    slot = r % (TOPK + 1)
-    is_shared = slot == TOPK
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    nmask = n < tl.where(is_shared, N_SH, N)
-    e = tl.load(ids_ptr + (r // (TOPK + 1)) * TOPK + tl.minimum(slot, TOPK - 1))
-    scale = tl.where(is_shared, tl.load(shs_ptr), tl.load(ws_ptr + e))
-    poff = r.to(tl.int64) * sp_r + n
-    ooff = r.to(tl.int64) * so_s + n
-    g = sum_splits(p_ptr, poff, nmask, sp_s, SPLIT)
-    if GATED:
-        up = sum_splits(p_ptr + sp_g, poff, nmask, sp_s, SPLIT)
-        gs = g * scale
-        h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
-        tl.store(o_ptr + ooff, h.to(tl.bfloat16), mask=nmask)
-    else:
-        tl.store(o_ptr + ooff, g * scale, mask=nmask)
-    pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
-
-
 def block_n_for(n: int, gated: bool, m: int = MAX_TOKENS) -> int:
     """Output columns per program for a chunk of m tokens (TILE_N; the global widths when
     TILES_BY_TOKENS is off): the N tiling only groups output columns, so it may follow the
@@ -406,6 +379,4 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                        device=out.device)
     launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, M, n, k, n_sh, k_sh,
            a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split, **meta)
-    launch(_moe_split_combine_kernel, (M * (topk + 1), cdiv(width, BLOCK_C)), part, ids, ws, shs,
-           out, n, n_sh_eff, part.stride(0), part.stride(1), part.stride(3), out.stride(1),
-           TOPK=topk, GATED=gated, SPLIT=split, BLOCK=BLOCK_C, num_warps=4, interpret=interpret)
+    launch_split_combine(part, ids, ws, shs, out, n, n_sh_eff, gated, split, interpret)

@@ -12,7 +12,7 @@ import sys
 from kolibri_trt_plugins import _common
 
 MODULES = ("add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_kv_write",
-           "gumbel_argmax", "moe", "moe_experts", "moe_route",
+           "gumbel_argmax", "moe", "moe_experts", "moe_route", "moe_split_combine",
            "nvfp4_gemv", "qk_norm_fold_int4", "qk_norm_rope", "qk_norm_rope_kv_write",
            "ring_attention", "rope_ring_write", "vocab_argmax", "int4_paged_attention",
            "fp8_paged_attention")

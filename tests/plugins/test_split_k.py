@@ -100,3 +100,26 @@ def test_moe_split_batch_invariant(interp, monkeypatch, S):
     for rows in (slice(16, 17), slice(2, 5)):
         alone = moe_forward(x[rows].contiguous(), *wts, top_k=MOE_K, interpret=True)
         assert torch.equal(alone, full[rows])
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_split_combine_kernel_matches_reference(interp, gated):
+    """The split-K combine kernel (plugins/moe_split_combine.py) against its torch reference:
+    fp32 rows exactly (the same sum order), bf16 act within a bf16 rounding (exp)."""
+    from kolibri_trt_plugins.moe_split_combine import launch_split_combine, moe_split_combine_ref
+    g = T.gen(90 + gated)
+    S, M, k, n, n_sh = 3, 5, 2, 300, 200
+    part = torch.randn((S, 2 if gated else 1, M, k + 1, n), generator=g)
+    ids = torch.randint(0, 6, (M, k), generator=g, dtype=torch.int32)
+    ws, shs = torch.rand(6, generator=g) + 0.5, torch.rand(1, generator=g) + 0.5
+    out = torch.zeros((M, k + 1, n), dtype=torch.bfloat16 if gated else torch.float32)
+    launch_split_combine(part, ids, ws, shs, out, n, n_sh, gated, S, interpret=True)
+    want = moe_split_combine_ref(part, ids, ws, shs, gated)
+    routed, shared = (slice(None), slice(0, k)), (slice(None), k)
+    if gated:
+        assert T.rel_err(out[routed], want[routed]) < 1e-2
+        assert T.rel_err(out[shared][:, :n_sh], want[shared][:, :n_sh]) < 1e-2
+    else:
+        assert torch.equal(out[routed], want[routed])
+        assert torch.equal(out[shared][:, :n_sh], want[shared][:, :n_sh])
+    assert not out[shared][:, n_sh:].any()   # the shared expert's rows end at n_sh
