@@ -290,6 +290,13 @@ allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs o
   export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
 }
 
+wholesteps() {  # whole decode + verify steps under the default PDL (2), then PDL off for the
+  # kernel timings that follow (kernels timed alone, as in plugins/NOTES.md)
+  unset KOLIBRI_PDL
+  step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
+  export KOLIBRI_PDL=0
+}
+
 ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on COUNT launches of
   # bench/ncu_targets.py TARGET (after 2 skipped), written as text: details and per-SASS counters
   step "ncu_$1" 150 ncu --clock-control none -k "regex:$2" --launch-skip 2 -c "$3" --set full \
@@ -316,9 +323,7 @@ case "${PART:-}" in
     unpack carry-b
     step check 120 python3 bench/gpu_check.py --only moe,qknorm,norm
     minichecks 240 35 graphs
-    unset KOLIBRI_PDL     # the default (2) for whole steps
-    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    wholesteps
     step tune 100 python3 bench/gemv_tune.py --kernels router
     step plugins 90 python3 bench/plugins.py --only moe,fold --csv "$OUT/plugins.csv"
     pack nu
@@ -327,9 +332,7 @@ case "${PART:-}" in
     unpack carry-b
     step check 120 python3 bench/gpu_check.py --only moe,norm
     minichecks 210 35 graphs
-    unset KOLIBRI_PDL     # the default (2) for whole steps
-    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    wholesteps
     step plugins 90 python3 bench/plugins.py --only moe --csv "$OUT/plugins.csv"
     pack nt
     ;;
@@ -364,9 +367,7 @@ case "${PART:-}" in
     ;;
   no)
     allchecks
-    unset KOLIBRI_PDL     # the default (2) for whole steps
-    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    wholesteps
     step plugins 60 python3 bench/plugins.py --only gemv --csv "$OUT/plugins.csv"
     pack no
     ;;
