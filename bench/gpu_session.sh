@@ -157,8 +157,10 @@
 #       of 2), the row tiles as a runtime loop (TILE_LOOP), narrower N tiles, other stages and
 #       BLOCK_K, M = 1, 4, 16, 64, bits checked; bench/int4_attn_ab.py (32-row verification
 #       programs: ROWS_MAX 32)
-#   PART=ns bash bench/gpu_session.sh   (~5 min, engine carry-b) the trained default's gpu_runtime
-#       and gpu_drafter graphs (after 5aad8dd's one-warp top-k)
+#   PART=nx bash bench/gpu_session.sh   (~8 min, engine carry-b) the MoE's row tiles as a runtime
+#       loop by default (TILE_LOOP): gpu_check moe, the trained default's gpu_runtime and
+#       gpu_drafter graphs, whole steps, bench/moe_pipeline.py (stages 5/6 and register caps
+#       with the loop)
 #   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
 #       (MoE at one token, NVFP4 LM head at one row, fp8_gemv QKV at 1 row) and fp8_gemv at 64
 #       rows (WIDE_TILES); bench/gemv_tune.py --kernels fp8tiles,router (fp8_gemv's tiles at
@@ -308,6 +310,14 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nx)
+    unpack carry-b
+    step check 120 python3 bench/gpu_check.py --only moe
+    minichecks 240 35 graphs
+    wholesteps
+    step pipeline 110 python3 bench/moe_pipeline.py
+    pack nx
+    ;;
   nw)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step pipeline 300 python3 bench/moe_pipeline.py
@@ -335,11 +345,6 @@ case "${PART:-}" in
     wholesteps
     step plugins 90 python3 bench/plugins.py --only moe --csv "$OUT/plugins.csv"
     pack nt
-    ;;
-  ns)
-    unpack carry-b
-    minichecks 240 35 graphs
-    pack ns
     ;;
   nr)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

@@ -7,12 +7,12 @@ full-causal attention, at 32k. One call:
 Per case (decode at B = 1, 4, 16, 64; verification of 2, 4 and 8 tokens per stream at
 B = 16, of 4 at B = 1 and 64): the plugin with DEFER_SUMS False (the column sums per tile:
 v5's bits, checked against a frozen v5 on the H200 in bench/results/h200-2026-12-01a/ne/, last
-at b1a107c), at its defaults, with 16-row decode programs (the same bits as 8-row ones) and with 32-row
-verification programs (the same bits as 16-row ones).
+at b1a107c), at its defaults and with 16-row decode programs (the same bits as 8-row ones).
 Each output is compared with the DEFER_SUMS False one (``bits equal`` or the relative
 difference) and with the defaults'. Then gpu_check's INT4 attention cases under the defaults.
 Timing as bench/plugins.py. Log: $OUT/int4_attn_ab.log. Earlier variants (token-major value
-pages, V_T, last at 96e0b6f; per-key sums, last at 1b995b7): results nh/, ne/.
+pages, V_T, last at 96e0b6f; per-key sums, last at 1b995b7; 32-row verification programs,
+slower at every size, last at 1a37e1b): results nh/, ne/, h200-2026-12-01d/nw/.
 """
 
 from __future__ import annotations
@@ -39,11 +39,7 @@ LOG: list[str] = []
 CASES = [(16, 1), (1, 1), (64, 1), (4, 1), (16, 2), (16, 4), (16, 8), (1, 4), (64, 4)]  # (B, q)
 # name -> (module settings, launch-option overrides for both row tiles)
 VARIANTS = {"defaults": ({}, {}),
-            "16-row decode": ({"ROWS_DECODE": 16}, {}),
-            # verification in 32-row programs: one pass over the cache for 1 + 3 tokens x GQA 5
-            # (AOT sm_90, one warp: 1444 instructions per 32-key tile against 2 x 933 for two
-            # 16-row programs; 255 registers and 496 B of stack)
-            "32-row verify": ({"ROWS_MAX": 32}, {})}
+            "16-row decode": ({"ROWS_DECODE": 16}, {})}
 REFERENCE = {"DEFER_SUMS": False}   # v5's bits
 
 
@@ -93,8 +89,7 @@ def case(B: int, q_len: int, deadline: float, fp8: dict) -> None:
     base = None
     say(f"{tag} {'defer 0':14s} {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s{extra}")
     for name, (mod, tune) in VARIANTS.items():
-        if time.time() > deadline or ("16-row" in name and q_len > 1) or (
-                "32-row" in name and q_len == 1):
+        if time.time() > deadline or ("16-row" in name and q_len > 1):
             continue
         restore = set_variant(mod, tune)
         fa = args

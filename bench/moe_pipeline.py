@@ -5,14 +5,14 @@ H = 2560, I = 768, one shared expert). One call:
     python3 bench/moe_pipeline.py [--out DIR] [--breakdown] [--defaults-only]
 
 Per M in 1, 4, 16, 64: moe_forward at the file's defaults and at other num_stages, register
-caps (maxnreg), the row tiles as a runtime loop (TILE_LOOP), N tile widths (moe_experts.TILE_N)
-and BLOCK_K; time as bench/plugins.py (one CUDA graph over rotated input sets, median of 5 x 20
-replays), bytes = router + distinct experts + shared + x/y, TB/s and % of the 4.14 TB/s read
-ceiling. Every variant's output is compared bit for bit with the file's defaults (no setting
-changes a dot or its K order). --breakdown: then, per M, the defaults' kernels under
-torch.profiler (µs per moe_forward call, by kernel name); it runs last, since a profiler run
-slows the process's later CUDA calls. Earlier variant lists (the 16-row form: stages 3/4,
-wider tiles, BLOCK_K 256): bench/results/h200-2026-11-30h/zp/moe_pipeline.log.
+caps (maxnreg) and the row tiles unrolled (TILE_LOOP off); time as bench/plugins.py (one CUDA
+graph over rotated input sets, median of 5 x 20 replays), bytes = router + distinct experts +
+shared + x/y, TB/s and % of the 4.14 TB/s read ceiling. Every variant's output is compared bit
+for bit with the file's defaults (no setting changes a dot or its K order). --breakdown: then,
+per M, the defaults' kernels under torch.profiler (µs per moe_forward call, by kernel name); it
+runs last, since a profiler run slows the process's later CUDA calls. Earlier variant lists
+(the 16-row form: stages 3/4, wider tiles, BLOCK_K 256):
+bench/results/h200-2026-11-30h/zp/moe_pipeline.log.
 """
 
 from __future__ import annotations
@@ -36,31 +36,23 @@ from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 E, H, INTER, TOPK = 256, 2560, 768, 6
-DEFAULT_TILES = dict(ME.TILE_N)
 TUNES = ("TUNE", "TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY")   # every launch config
 DEFAULT_TUNES = {t: dict(getattr(ME, t)) for t in TUNES}
-# 32-wide gate/up tiles and 64-wide down tiles at every chunk size (the file: 64 / 128 past 32
-# / 4 tokens): AOT sm_90 at 64 tokens, gate/up 202 -> 145 registers
-NARROW = {True: ((ME.MAX_TOKENS, 32),), False: ((4, 64), (ME.MAX_TOKENS, 64))}
-# half-width tiles up to 4 tokens: at one token 7 units x 24 gate/up tiles = 168 programs on
-# 132 SMs (36 SMs run two); 16-wide: 336 (2.5 per SM), down 32-wide: 560 (4.2 per SM)
-SMALL = {True: ((4, 16), (32, 32), (ME.MAX_TOKENS, 64)), False: ((4, 32), (ME.MAX_TOKENS, 128))}
-# (num_stages or None = the file's, TILE_N override or None = the file's, BLOCK_K, num_warps,
-# maxnreg or None, TILE_LOOP): register caps at 64 tokens (AOT: 202 registers, 2 programs per
-# SM; 128 -> 4 programs, 16 B of stack, 11 more instructions per K step); the row tiles as a
-# runtime loop (AOT: 7984 -> 2160 instructions, 188 registers); the first is the file's default
+# (num_stages or None = the file's, BLOCK_K, num_warps, maxnreg or None, TILE_LOOP): register
+# caps (AOT at 64 tokens with TILE_LOOP: 188 registers, 2 programs per SM; 168 -> 3, 128 -> 4),
+# stages 5 (at 64 tokens, unrolled tiles: 382.0 -> 359.9 µs), the unrolled row tiles; the first
+# is the file's default. Earlier lists (narrower / half-width N tiles, BLOCK_K 64, stages 3,
+# 16-token passes as two 8-token MMAs, since removed): bench/results/h200-2026-12-01d/nw/.
 FILE_LOOP = ME.TILE_LOOP
-VARIANTS = [(None, None, 128, 4, None, FILE_LOOP), (None, None, 128, 4, 128, FILE_LOOP),
-            (None, None, 128, 4, 168, FILE_LOOP), (None, None, 128, 4, None, not FILE_LOOP),
-            (None, None, 128, 4, 128, not FILE_LOOP), (None, NARROW, 128, 4, None, FILE_LOOP),
-            (None, NARROW, 128, 4, 128, FILE_LOOP), (None, SMALL, 128, 4, None, FILE_LOOP),
-            (3, None, 128, 4, None, FILE_LOOP),
-            (5, None, 128, 4, None, FILE_LOOP), (None, None, 64, 4, None, FILE_LOOP)]
+VARIANTS = [(None, 128, 4, None, FILE_LOOP), (None, 128, 4, None, not FILE_LOOP),
+            (5, 128, 4, None, FILE_LOOP), (5, 128, 4, 168, FILE_LOOP),
+            (None, 128, 4, 168, FILE_LOOP), (None, 128, 4, 128, FILE_LOOP),
+            (6, 128, 4, None, FILE_LOOP)]
 PROFILED = 10   # graph replays under the profiler (--breakdown)
 
 
 def apply(v):
-    ns, tiles, block_k, warps, maxnreg, loop = v
+    ns, block_k, warps, maxnreg, loop = v
     ME.BLOCK_K, ME.TILE_LOOP = block_k, loop
     for t in TUNES:
         tune = getattr(ME, t)
@@ -70,7 +62,6 @@ def apply(v):
             tune["num_stages"] = ns
         if maxnreg is not None:
             tune["maxnreg"] = maxnreg
-    ME.TILE_N = tiles or DEFAULT_TILES
 
 
 def breakdown(xs, wts) -> dict:
@@ -119,12 +110,11 @@ def main():
                 print(f"M={M:2d} {v}: FAILED {str(exc)[:300]}", flush=True)
                 continue
             tbs = nbytes / us / 1e6
-            tiles = {id(NARROW): "narrow", id(SMALL): "small"}.get(id(v[1]), "file")
-            rows.append(dict(M=M, stages=v[0], tiles=tiles, block_k=v[2], warps=v[3],
-                             maxnreg=v[4], tile_loop=v[5], us=us, MB=nbytes / 1e6, TBs=tbs,
+            rows.append(dict(M=M, stages=v[0], block_k=v[1], warps=v[2],
+                             maxnreg=v[3], tile_loop=v[4], us=us, MB=nbytes / 1e6, TBs=tbs,
                              pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))
-            print(f"M={M:2d} stages={v[0] or 'file'} tiles={tiles} "
-                  f"block_k={v[2]} warps={v[3]} maxnreg={v[4]} loop={v[5]} {us:8.1f} us "
+            print(f"M={M:2d} stages={v[0] or 'file'} "
+                  f"block_k={v[1]} warps={v[2]} maxnreg={v[3]} loop={v[4]} {us:8.1f} us "
                   f"{nbytes / 1e6:7.1f} MB "
                   f"{tbs:5.2f} TB/s {100 * tbs * 1e12 / PT.BW:5.1f}%  bits == default: {same}",
                   flush=True)

@@ -58,8 +58,9 @@ TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-
 TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3-8 tokens
 TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9 to SWAP_TOKENS tokens
 # Row tiles after the first as a runtime loop (one copy of the pass; the bits are the same):
-# AOT sm_90 at 64 tokens (8 tiles of 8) see plugins/NOTES.md; off until timed (PART=nw).
-TILE_LOOP = False
+# AOT sm_90 at 64 tokens (8 tiles of 8) 7984 -> 2160 instructions, 202 -> 188 registers; H200
+# (bench/results/h200-2026-12-01d/nw/pipeline.log), µs: M=64 382.0 -> 340.6, M=1/4/16 alike.
+TILE_LOOP = True
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 
 
