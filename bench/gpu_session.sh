@@ -157,6 +157,10 @@
 #       of 2), the row tiles as a runtime loop (TILE_LOOP), narrower N tiles, other stages and
 #       BLOCK_K, M = 1, 4, 16, 64, bits checked; bench/int4_attn_ab.py (32-row verification
 #       programs: ROWS_MAX 32)
+#   PART=ny bash bench/gpu_session.sh   (~7 min, no engine) PDL modes 3 (each kernel lets the
+#       next launch once it has waited) and 4 (3, and the GEMV/MoE kernels prefetch their
+#       weight tiles into L2 before the wait): gpu_check of those kernels under mode 4, then
+#       whole decode steps under modes 2, 3, 4, 2 (the order guards against drift)
 #   PART=nx bash bench/gpu_session.sh   (~8 min, engine carry-b) the MoE's row tiles as a runtime
 #       loop by default (TILE_LOOP): gpu_check moe, the trained default's gpu_runtime and
 #       gpu_drafter graphs, whole steps, bench/moe_pipeline.py (stages 5/6 and register caps
@@ -310,6 +314,16 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  ny)
+    KOLIBRI_PDL=4 step check 200 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,moe,nvfp4
+    for mode in 2 3 4; do
+      KOLIBRI_PDL=$mode step "fullsize_pdl$mode" 100 python3 bench/fullsize.py \
+        --out "$OUT/fs$mode" --parts decode --budget 60
+    done
+    KOLIBRI_PDL=2 step fullsize_pdl2b 100 python3 bench/fullsize.py --out "$OUT/fs2b" \
+      --parts decode --budget 60
+    pack ny
+    ;;
   nx)
     unpack carry-b
     step check 120 python3 bench/gpu_check.py --only moe

@@ -27,24 +27,28 @@ except Exception:  # pragma: no cover - exercised only where triton is absent
     tl = None
     HAVE_TRITON = False
 
-PDL_MODES = ("0", "1", "2")
+PDL_MODES = ("0", "1", "2", "3", "4")
 PDL = os.environ.get("KOLIBRI_PDL", "2")
 if PDL not in PDL_MODES:
     raise ValueError(f"KOLIBRI_PDL: must be one of {list(PDL_MODES)}, got {PDL!r}")
 PDL = int(PDL)
 """Programmatic dependent launch (environment KOLIBRI_PDL) on GPUs of compute capability 9 and
 up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 (the default)
-after its main loop (`pdl_release`, before the epilogue's stores). A kernel with a
-``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
-``PDL`` = the mode and Triton's ``launch_pdl``: the GPU may start it while the kernel before it
-in the stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
-kernel's completion and memory before it touches memory. Kernels without the parameter, and
-every torch op, launch as before. Measured on the H200: a chain of small GEMVs in a CUDA graph
-1.68 -> 1.30 µs per kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole
-full-size decode steps at 1k context (bench/results/h200-2026-11-30m/lf/): mode 2 against off,
-1 / 4 / 16 / 64 streams 3.87 -> 3.44, 5.27 -> 5.06, 10.15 -> 9.96, 26.2 -> 26.3 ms; mode 1
-made them slower (1 stream at 32k 3.93 -> 5.98 ms, `le/`). Every gpu_check, gpu_runtime and
-gpu_drafter check passed under modes 1 and 2."""
+after its main loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for
+the kernel before it (at its start, so at most one kernel waits while another runs), 4 as 3,
+and the GEMV/MoE kernels first ask L2 for their weight tiles (plugins/_prefetch.py) so that
+their DRAM reads overlap the running kernel's. A kernel with a ``PDL: tl.constexpr``
+parameter starts with :func:`pdl_enter` (only `_prefetch.prefetch_*` calls may come before
+it), and :func:`launch` gives it ``PDL`` = the mode and Triton's ``launch_pdl``: the GPU may
+start it while the kernel before it in the stream (or CUDA graph) is still running, and it
+waits (``griddepcontrol.wait``) for that kernel's completion and memory before it touches
+memory. Kernels without the parameter, and every torch op, launch as before. Measured on the
+H200: a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel
+(bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps at 1k
+context (bench/results/h200-2026-11-30m/lf/): mode 2 against off, 1 / 4 / 16 / 64 streams
+3.87 -> 3.44, 5.27 -> 5.06, 10.15 -> 9.96, 26.2 -> 26.3 ms; mode 1 made them slower (1 stream
+at 32k 3.93 -> 5.98 ms, `le/`: every kernel could launch the next before waiting). Every
+gpu_check, gpu_runtime and gpu_drafter check passed under modes 1 and 2."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
@@ -63,13 +67,16 @@ def jit(fn):
 
 @jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first statement (module's PDL): mode 1 lets the next kernel launch; modes 1
-    and 2 wait for the previous kernel to finish and its writes to be visible. Nothing in mode
-    0, in the interpreter or on GPUs before compute capability 9."""
+    """A kernel's first statement after its prefetches (module's PDL): mode 1 lets the next
+    kernel launch; modes 1-4 wait for the previous kernel to finish and its writes to be
+    visible; modes 3 and 4 then let the next kernel launch. Nothing in mode 0, in the
+    interpreter or on GPUs before compute capability 9."""
     if PDL == 1:
         gdc_launch_dependents()
     if PDL != 0:
         gdc_wait()
+    if PDL >= 3:
+        gdc_launch_dependents()
 
 
 @jit
@@ -81,7 +88,7 @@ def pdl_release(PDL: tl.constexpr):
 
 
 def _pdl_here() -> bool:
-    """PDL on (mode 1 or 2) and the current CUDA device of compute capability >= 9 (cached per
+    """PDL on (modes 1-4) and the current CUDA device of compute capability >= 9 (cached per
     device)."""
     if not PDL:
         return False
