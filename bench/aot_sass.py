@@ -41,7 +41,7 @@ PRESETS = {
          "ss_n")),
     "moe_gate_up": ("moe_experts", "_moe_expert_kernel", dict(
         a_ptr="*bf16", ids_ptr="*i32", w_ptr="*fp8e4nv", ws_ptr="*fp32", shw_ptr="*fp8e4nv",
-        shs_ptr="*fp32", o_ptr="*bf16", M="i32", N="i32", K="i32", N_SH="i32", K_SH="i32", E="i32",
+        shs_ptr="*fp32", o_ptr="*bf16", M="i32", N="i32", K="i32", N_SH="i32", K_SH="i32",
         sa_m="i32", sa_s="i32", so_s="i32", sp_s="i32", sp_g="i32", TOPK=6, GATED=True,
         BLOCK_N=32, BLOCK_K=128, ROWS=16, MT=1, M_P=16, K_P=8, U_P=16, DOT_F32=False, SPLIT=1,
         DECODE=3, ONE=False, SHARED=True),

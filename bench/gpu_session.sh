@@ -157,6 +157,10 @@
 #       of 2), the row tiles as a runtime loop (TILE_LOOP), narrower N tiles, other stages and
 #       BLOCK_K, M = 1, 4, 16, 64, bits checked; bench/int4_attn_ab.py (32-row verification
 #       programs: ROWS_MAX 32)
+#   PART=nz bash bench/gpu_session.sh   (~8 min, engine carry-b) PDL mode 4 (as 2, the MoE's
+#       kernels as 3) and the MoE's stages 5 past 32 tokens (TUNE_SWAP_MOST): gpu_check moe
+#       under modes 2 and 4, whole decode steps (no eager) under modes 2, 4, 2, then the trained
+#       default's gpu_runtime and gpu_drafter graphs under mode 4
 #   PART=ny bash bench/gpu_session.sh   (~7 min, no engine) PDL modes 3 (each kernel lets the
 #       next launch once it has waited) and 4 (3, and the GEMV/MoE kernels prefetch their
 #       weight tiles into L2 before the wait): gpu_check of those kernels under mode 4, then
@@ -314,6 +318,17 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  nz)
+    unpack carry-b
+    step check 100 python3 bench/gpu_check.py --only moe
+    KOLIBRI_PDL=4 step check_pdl4 100 python3 bench/gpu_check.py --only moe
+    for run in 2 4 2b; do
+      KOLIBRI_PDL=${run%b} step "fullsize_pdl$run" 90 python3 bench/fullsize.py \
+        --out "$OUT/fs$run" --parts decode --budget 55 --no-eager
+    done
+    KOLIBRI_PDL=4 minichecks 220 35 graphs
+    pack nz
+    ;;
   ny)
     KOLIBRI_PDL=4 step check 200 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,moe,nvfp4
     for mode in 2 3 4; do

@@ -36,7 +36,8 @@ from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 E, H, INTER, TOPK = 256, 2560, 768, 6
-TUNES = ("TUNE", "TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY")   # every launch config
+TUNES = ("TUNE", "TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY",
+         "TUNE_SWAP_MOST")   # every launch config
 DEFAULT_TUNES = {t: dict(getattr(ME, t)) for t in TUNES}
 # (num_stages or None = the file's, BLOCK_K, num_warps, maxnreg or None, TILE_LOOP): register
 # caps (AOT at 64 tokens with TILE_LOOP: 188 registers, 2 programs per SM; 168 -> 3, 128 -> 4),

@@ -50,7 +50,8 @@ NVFP4_VARIANTS = [dict(warps=4, stages=3), dict(warps=4, stages=4), dict(warps=8
 SWITCH = {ME: "SWAP_TOKENS", F8: "SWAP_ROWS", NV: "SWAP_ROWS"}   # module -> swap threshold
 SWAP_ON = 8     # the threshold a variant runs at (a module's default may be 0: off)
 WIDE_ON = 64    # moe_wide: the swap at every chunk size (moe_experts.MAX_TOKENS)
-TUNES = {ME: ("TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY"), F8: ("TUNE_SWAP",), NV: ("TUNE_SWAP",)}
+TUNES = {ME: ("TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY", "TUNE_SWAP_MOST"), F8: ("TUNE_SWAP",),
+         NV: ("TUNE_SWAP",)}
 
 
 def plain(mod, calls, on: int = SWAP_ON):

@@ -35,20 +35,21 @@ PDL = int(PDL)
 """Programmatic dependent launch (environment KOLIBRI_PDL) on GPUs of compute capability 9 and
 up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 (the default)
 after its main loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for
-the kernel before it (at its start, so at most one kernel waits while another runs), 4 as 3,
-and the GEMV/MoE kernels first ask L2 for their weight tiles (plugins/_prefetch.py) so that
-their DRAM reads overlap the running kernel's. A kernel with a ``PDL: tl.constexpr``
-parameter starts with :func:`pdl_enter` (only `_prefetch.prefetch_*` calls may come before
-it), and :func:`launch` gives it ``PDL`` = the mode and Triton's ``launch_pdl``: the GPU may
-start it while the kernel before it in the stream (or CUDA graph) is still running, and it
-waits (``griddepcontrol.wait``) for that kernel's completion and memory before it touches
-memory. Kernels without the parameter, and every torch op, launch as before. Measured on the
-H200: a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel
+the kernel before it (at its start: at most one kernel waits while another runs), 4 as 2 but
+the kernels launched with ``pdl_early=True`` (the MoE's) as 3. A kernel with a
+``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
+``PDL`` = the kernel's mode and Triton's ``launch_pdl``: the GPU may start it while the
+kernel before it in the stream (or CUDA graph) is still running, and it waits
+(``griddepcontrol.wait``) for that kernel's completion and memory before it touches memory.
+Kernels without the parameter, and every torch op, launch as before. Measured on the H200: a
+chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel
 (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps at 1k
 context (bench/results/h200-2026-11-30m/lf/): mode 2 against off, 1 / 4 / 16 / 64 streams
 3.87 -> 3.44, 5.27 -> 5.06, 10.15 -> 9.96, 26.2 -> 26.3 ms; mode 1 made them slower (1 stream
-at 32k 3.93 -> 5.98 ms, `le/`: every kernel could launch the next before waiting). Every
-gpu_check, gpu_runtime and gpu_drafter check passed under modes 1 and 2."""
+at 32k 3.93 -> 5.98 ms, `le/`); mode 3 against 2 (bench/results/h200-2026-12-01d/ny/) 2.608
+-> 2.638, 4.111 -> 4.017, 8.834 -> 8.949, 20.661 -> 20.866 ms, the MoE class at one stream
+1.179 -> 1.080 ms. Every gpu_check, gpu_runtime and gpu_drafter check passed under modes 1
+and 2."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
@@ -67,15 +68,15 @@ def jit(fn):
 
 @jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first statement after its prefetches (module's PDL): mode 1 lets the next
-    kernel launch; modes 1-4 wait for the previous kernel to finish and its writes to be
-    visible; modes 3 and 4 then let the next kernel launch. Nothing in mode 0, in the
-    interpreter or on GPUs before compute capability 9."""
+    """A kernel's first statement (its launch mode, module's PDL): mode 1 lets the next kernel
+    launch; modes 1-3 wait for the previous kernel to finish and its writes to be visible;
+    mode 3 then lets the next kernel launch. Nothing in mode 0, in the interpreter or on GPUs
+    before compute capability 9."""
     if PDL == 1:
         gdc_launch_dependents()
     if PDL != 0:
         gdc_wait()
-    if PDL >= 3:
+    if PDL == 3:
         gdc_launch_dependents()
 
 
@@ -85,6 +86,14 @@ def pdl_release(PDL: tl.constexpr):
     is safe: the next kernel waits in `pdl_enter` for this one's completion."""
     if PDL == 2:
         gdc_launch_dependents()
+
+
+def kernel_pdl(early: bool) -> int:
+    """A kernel's launch mode (its PDL constexpr) under the module's PDL: mode 4 gives the
+    kernels launched with ``pdl_early`` mode 3 and the others mode 2."""
+    if PDL == 4:
+        return 3 if early else 2
+    return PDL
 
 
 def _pdl_here() -> bool:
@@ -146,11 +155,13 @@ def launch(kernel, grid: Sequence[int], *args, interpret: bool = False, **kwargs
     """Launch ``kernel[grid](*args, **kwargs)``; with ``interpret=True`` run it in Triton's
     interpreter on CPU tensors (tests only; works whether or not TRITON_INTERPRET was set).
     A kernel with a ``PDL`` parameter launches with programmatic dependent launch where the
-    GPU has it (module's PDL); in the interpreter it keeps its default (False)."""
+    GPU has it (mode :func:`kernel_pdl` of ``pdl_early``); in the interpreter it keeps its
+    default (0)."""
     require_triton(getattr(kernel, "__name__", "kernel"))
+    early = kwargs.pop("pdl_early", False)
     if not interpret:
         if "PDL" in getattr(kernel, "arg_names", ()) and _pdl_here():
-            kwargs = dict(kwargs, PDL=PDL, launch_pdl=True)
+            kwargs = dict(kwargs, PDL=kernel_pdl(early), launch_pdl=True)
         kernel[tuple(grid)](*args, **kwargs)
         return
     from triton.runtime.interpreter import InterpretedFunction

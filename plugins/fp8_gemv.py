@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
-from ._prefetch import prefetch_tile
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
@@ -86,7 +85,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
     X_ROWS: x row ids[m] feeds output row m (`x_rows`). SWAP (MT 1, NORM 0): the tile as
     W·x^T (`dot_swapped`, SWAP_ROWS)."""
-    prefetch_tile(PDL, w_ptr, tl.program_id(0) * BLOCK_N, N, K, BLOCK_N, SPLIT)
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT

@@ -88,7 +88,7 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
                            act.stride(1), interpret)
         launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc, H, out.stride(0),
                out.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
-               num_warps=4, interpret=interpret)
+               num_warps=4, interpret=interpret, pdl_early=True)
     return y
 
 

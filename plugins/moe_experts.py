@@ -26,7 +26,6 @@ import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
-from ._prefetch import prefetch_tile
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
@@ -57,7 +56,10 @@ SWAP_TOKENS = MAX_TOKENS
 ROWS_SWAP = 8
 TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
 TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3-8 tokens
-TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9 to SWAP_TOKENS tokens
+TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9-32 tokens
+# chunks of 33 to SWAP_TOKENS tokens: with TILE_LOOP at M=64 stages 4 / 5 / 6 338.4 / 333.0 /
+# 332.5 µs, at M=16 136.3 / 137.8 / 143.4 (bench/results/h200-2026-12-01d/nx/pipeline.log)
+TUNE_SWAP_MOST = dict(num_warps=4, num_stages=5)
 # Row tiles after the first as a runtime loop (one copy of the pass; the bits are the same):
 # AOT sm_90 at 64 tokens (8 tiles of 8) 7984 -> 2160 instructions, 202 -> 188 registers; H200
 # (bench/results/h200-2026-12-01d/nw/pipeline.log), µs: M=64 382.0 -> 340.6, M=1/4/16 alike.
@@ -290,33 +292,8 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
 
 
 @jit
-def _prefetch_unit(PDL: tl.constexpr, ids_ptr, w_ptr, shw_ptr, M, N, K, N_SH, K_SH, E,
-                   TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SHARED: tl.constexpr, SPLIT: tl.constexpr):
-    """PDL mode 4 (plugins/_prefetch.py): this program's weight tile into L2 before its wait.
-    The shared expert's always (gate and up rows when GATED); a routed expert's only in the
-    down projection (not GATED): its expert id comes from the router's top-k two kernels back,
-    complete once the gate/up kernel's programs have waited (mode 4 lets this kernel launch
-    only then), while the gate/up kernel's ids are the kernel just before's, not yet written.
-    The id is read with .cg (not L1) and clamped to [0, E): a hint, no value depends on it."""
-    if PDL == 4:
-        u = tl.program_id(1)
-        col0 = tl.program_id(0) * BLOCK_N
-        if (u == 0) & SHARED:
-            prefetch_tile(PDL, shw_ptr, col0, N_SH, K_SH, BLOCK_N, SPLIT)
-            if GATED:
-                prefetch_tile(PDL, shw_ptr + N_SH.to(tl.int64) * K_SH, col0, N_SH, K_SH,
-                              BLOCK_N, SPLIT)
-        elif not GATED:
-            r = u - 1 if SHARED else u
-            e = tl.load(ids_ptr + r, mask=r < M * TOPK, other=0, cache_modifier=".cg")
-            e = tl.minimum(tl.maximum(e, 0), E - 1)
-            prefetch_tile(PDL, w_ptr + e.to(tl.int64) * N * K, col0, N, K, BLOCK_N, SPLIT)
-
-
-@jit
 def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
-                       M, N, K, N_SH, K_SH, E, sa_m, sa_s, so_s, sp_s, sp_g,
+                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
@@ -330,8 +307,6 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     program_id(0) runs fastest). Routed unit r runs only if its expert first appears at r.
     SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
     so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
-    _prefetch_unit(PDL, ids_ptr, w_ptr, shw_ptr, M, N, K, N_SH, K_SH, E, TOPK, GATED, BLOCK_N,
-                   SHARED, SPLIT)
     pdl_enter(PDL)
     u = tl.program_id(1)
     is_shared = (u == 0) & SHARED
@@ -369,7 +344,9 @@ def _tune(tokens: int, swap: bool) -> dict:
     """Launch config (warps, stages) of a chunk of `tokens` tokens; no effect on the bits."""
     if not swap:
         return TUNE
-    return TUNE_SWAP if tokens <= 2 else TUNE_SWAP_WIDE if tokens <= 8 else TUNE_SWAP_MANY
+    if tokens <= 8:
+        return TUNE_SWAP if tokens <= 2 else TUNE_SWAP_WIDE
+    return TUNE_SWAP_MANY if tokens <= 32 else TUNE_SWAP_MOST
 
 
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
@@ -401,12 +378,12 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
-               w.shape[0], a.stride(0), sa_s, out.stride(1), 0, 0, **meta)
+               a.stride(0), sa_s, out.stride(1), 0, 0, pdl_early=True, **meta)
         return
     width = max(n, n_sh_eff)
     part = torch.empty((split, 2 if gated else 1, M, topk + 1, width), dtype=torch.float32,
                        device=out.device)
     launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, M, n, k, n_sh, k_sh,
-           w.shape[0], a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1),
-           SPLIT=split, **meta)
+           a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split,
+           pdl_early=True, **meta)
     launch_split_combine(part, ids, ws, shs, out, n, n_sh_eff, gated, split, interpret)

@@ -19,7 +19,6 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
 from ._common import pdl_enter, pdl_release
-from ._prefetch import prefetch_tile
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
@@ -45,7 +44,6 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
                           PDL: tl.constexpr = 0):
     """Logits (SPLIT > 1: the partial of H range program_id(2), at lg + s·M·E) of one tile of
     BLOCK_E experts for up to MT·ROWS tokens."""
-    prefetch_tile(PDL, wr_ptr, tl.program_id(0) * BLOCK_E, E, H * 2, BLOCK_E, SPLIT)  # bf16
     pdl_enter(PDL)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m0 = tl.program_id(1) * ROWS * MT
@@ -150,10 +148,11 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
     mt = min(MAX_TILES, cdiv(M, ROWS))
     launch(_router_logits_kernel, (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt), split), x,
            router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
-           ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret, **TUNE)
+           ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret, pdl_early=True,
+           **TUNE)
     launch(_topk_kernel, (M,), logits, ids, wts, M, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
            K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=TOPK_WARPS,
-           interpret=interpret)
+           interpret=interpret, pdl_early=True)
     return ids, wts
 
 

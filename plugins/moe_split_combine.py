@@ -58,7 +58,8 @@ def launch_split_combine(part: torch.Tensor, ids: torch.Tensor, ws: torch.Tensor
     width = part.shape[-1]
     launch(_moe_split_combine_kernel, (M * (topk + 1), cdiv(width, BLOCK_C)), part, ids, ws,
            shs, out, n, n_sh, part.stride(0), part.stride(1), part.stride(3), out.stride(1),
-           TOPK=topk, GATED=gated, SPLIT=split, BLOCK=BLOCK_C, num_warps=4, interpret=interpret)
+           TOPK=topk, GATED=gated, SPLIT=split, BLOCK=BLOCK_C, num_warps=4, interpret=interpret,
+           pdl_early=True)
 
 
 def moe_split_combine_ref(part: torch.Tensor, ids: torch.Tensor, ws: torch.Tensor,

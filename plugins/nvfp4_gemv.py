@@ -23,7 +23,6 @@ import torch
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
 from ._common import pdl_enter, pdl_release
-from ._prefetch import prefetch_tile
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._gemv_fusion import _col_rstd, tile_rstds
@@ -122,8 +121,6 @@ def _nvfp4_gemv_kernel(x_ptr, w_ptr, ws_ptr, gs_ptr, y_ptr, g_ptr, M, N, K, sx_m
                        NORM: tl.constexpr = False, DECODE: tl.constexpr = 1,
                        SWAP: tl.constexpr = False, PDL: tl.constexpr = 0):
     """SWAP (MT 1): acc0 holds y^T [BLOCK_N, ROWS] = W·x^T until the store."""
-    prefetch_tile(PDL, w_ptr, tl.program_id(0) * BLOCK_N, N, sw_n, BLOCK_N)
-    prefetch_tile(PDL, ws_ptr, tl.program_id(0) * BLOCK_N, N, ss_n, BLOCK_N)
     pdl_enter(PDL)
     # y = Σ_i x[2i]·w[2i] + x[2i+1]·w[2i+1]: the low nibbles (even k) and the high nibbles (odd k)
     # feed two dots, so the packed bytes are never interleaved in registers. sw_n = K/2 and

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from kolibri_trt_plugins import _common
 
 MODULES = ("add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_kv_write",
@@ -35,21 +37,10 @@ def test_every_launched_kernel_enters_with_pdl():
     for m, name, k in found:
         assert "PDL" in k.arg_names, (m, name)
         body = ast.parse(inspect.getsource(k.fn).lstrip()).body[0].body
-        stmts = [s for s in body if not (isinstance(s, ast.Expr)
-                                         and isinstance(s.value, ast.Constant))]
-        while _is_prefetch(stmts[0]):   # L2 prefetches (mode 4) may come before the wait
-            stmts = stmts[1:]
-        assert ast.unparse(stmts[0]) == "pdl_enter(PDL)", (m, name, ast.unparse(stmts[0]))
+        first = [s for s in body if not (isinstance(s, ast.Expr)
+                                         and isinstance(s.value, ast.Constant))][0]
+        assert ast.unparse(first) == "pdl_enter(PDL)", (m, name, ast.unparse(first))
         assert _releases(importlib.import_module(f"kolibri_trt_plugins.{m}"), k), (m, name)
-
-
-def _is_prefetch(stmt) -> bool:
-    """A call of a `prefetch_*` / `_prefetch_*` helper with PDL as its first argument (it runs
-    in mode 4 only, and touches memory through L2 prefetch hints alone)."""
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Name)
-            and stmt.value.func.id.lstrip("_").startswith("prefetch_")
-            and ast.unparse(stmt.value.args[0]) == "PDL")
 
 
 def _releases(mod, fn) -> bool:
@@ -81,3 +72,23 @@ def test_off_means_no_pdl_launch(monkeypatch):
     """With PDL off, `launch` never asks the device and never adds launch_pdl."""
     monkeypatch.setattr(_common, "PDL", 0)
     assert not _common._pdl_here()
+
+
+@pytest.mark.parametrize("mode,early,want", [(2, True, 2), (2, False, 2), (3, False, 3),
+                                             (4, True, 3), (4, False, 2), (0, True, 0)])
+def test_kernel_mode(monkeypatch, mode, early, want):
+    """Mode 4: the kernels launched with pdl_early (the MoE's) let the next kernel launch once
+    they have waited (3), the others after their main loop (2)."""
+    monkeypatch.setattr(_common, "PDL", mode)
+    assert _common.kernel_pdl(early) == want
+
+
+def test_moe_kernels_launch_early():
+    """Every launch in the MoE's modules asks for pdl_early (mode 4 acts on them alone)."""
+    for m in ("moe", "moe_route", "moe_experts", "moe_split_combine"):
+        src = inspect.getsource(importlib.import_module(f"kolibri_trt_plugins.{m}"))
+        calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name) and n.func.id == "launch"]
+        assert calls, m
+        for c in calls:
+            assert any(k.arg == "pdl_early" for k in c.keywords), (m, ast.unparse(c)[:80])
