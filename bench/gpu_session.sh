@@ -157,6 +157,8 @@
 #       of 2), the row tiles as a runtime loop (TILE_LOOP), narrower N tiles, other stages and
 #       BLOCK_K, M = 1, 4, 16, 64, bits checked; bench/int4_attn_ab.py (32-row verification
 #       programs: ROWS_MAX 32)
+#   PART=oa bash bench/gpu_session.sh   (~3 min, no engine) PDL mode 4 with the MoE's early launch
+#       up to 16 tokens, the default now: gpu_check moe, whole decode steps (no eager)
 #   PART=nz bash bench/gpu_session.sh   (~8 min, engine carry-b) PDL mode 4 (as 2, the MoE's
 #       kernels as 3) and the MoE's stages 5 past 32 tokens (TUNE_SWAP_MOST): gpu_check moe
 #       under modes 2 and 4, whole decode steps (no eager) under modes 2, 4, 2, then the trained
@@ -300,7 +302,7 @@ allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs o
   export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
 }
 
-wholesteps() {  # whole decode + verify steps under the default PDL (2), then PDL off for the
+wholesteps() {  # whole decode + verify steps under the default PDL (4), then PDL off for the
   # kernel timings that follow (kernels timed alone, as in plugins/NOTES.md)
   unset KOLIBRI_PDL
   step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 140
@@ -318,6 +320,12 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  oa)
+    step check 100 python3 bench/gpu_check.py --only moe
+    step fullsize 90 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 55 \
+      --no-eager
+    pack oa
+    ;;
   nz)
     unpack carry-b
     step check 100 python3 bench/gpu_check.py --only moe
@@ -440,7 +448,7 @@ case "${PART:-}" in
     step check 90 python3 bench/gpu_check.py --only fold,int4,fp8attn
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step plugins 100 python3 bench/plugins.py --only attn --csv "$OUT/plugins.csv"
-    unset KOLIBRI_PDL     # the default (2) for whole steps
+    unset KOLIBRI_PDL     # the default PDL mode for whole steps
     step fullsize 240 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify --budget 170
     export KOLIBRI_PDL=0
     ncuprof int4_b16_blk16 _int4_attn_kernel 1
@@ -662,7 +670,7 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step int4t 240 python3 bench/int4_attn_t_tune.py --budget 150
     step nvfp4ab 90 python3 bench/decode_ab.py --only nvfp4 --out "$OUT"
-    unset KOLIBRI_PDL     # the default (2) for whole steps
+    unset KOLIBRI_PDL     # the default PDL mode for whole steps
     step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 150
     pack mu
     ;;

@@ -28,28 +28,33 @@ except Exception:  # pragma: no cover - exercised only where triton is absent
     HAVE_TRITON = False
 
 PDL_MODES = ("0", "1", "2", "3", "4")
-PDL = os.environ.get("KOLIBRI_PDL", "2")
+PDL = os.environ.get("KOLIBRI_PDL", "4")
 if PDL not in PDL_MODES:
     raise ValueError(f"KOLIBRI_PDL: must be one of {list(PDL_MODES)}, got {PDL!r}")
 PDL = int(PDL)
 """Programmatic dependent launch (environment KOLIBRI_PDL) on GPUs of compute capability 9 and
-up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 (the default)
-after its main loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for
-the kernel before it (at its start: at most one kernel waits while another runs), 4 as 2 but
-the kernels launched with ``pdl_early=True`` (the MoE's) as 3. A kernel with a
-``PDL: tl.constexpr`` parameter starts with :func:`pdl_enter`, and :func:`launch` gives it
-``PDL`` = the kernel's mode and Triton's ``launch_pdl``: the GPU may start it while the
-kernel before it in the stream (or CUDA graph) is still running, and it waits
-(``griddepcontrol.wait``) for that kernel's completion and memory before it touches memory.
-Kernels without the parameter, and every torch op, launch as before. Measured on the H200: a
-chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel
-(bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps at 1k
-context (bench/results/h200-2026-11-30m/lf/): mode 2 against off, 1 / 4 / 16 / 64 streams
-3.87 -> 3.44, 5.27 -> 5.06, 10.15 -> 9.96, 26.2 -> 26.3 ms; mode 1 made them slower (1 stream
-at 32k 3.93 -> 5.98 ms, `le/`); mode 3 against 2 (bench/results/h200-2026-12-01d/ny/) 2.608
--> 2.638, 4.111 -> 4.017, 8.834 -> 8.949, 20.661 -> 20.866 ms, the MoE class at one stream
-1.179 -> 1.080 ms. Every gpu_check, gpu_runtime and gpu_drafter check passed under modes 1
-and 2."""
+up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 after its main
+loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for the kernel before
+it (at its start: at most one kernel waits while another runs), 4 (the default) as 2 but the
+kernels launched with ``pdl_early=True`` as 3: the MoE's, in chunks of at most
+PDL_EARLY_TOKENS tokens. A kernel with a ``PDL: tl.constexpr`` parameter starts with
+:func:`pdl_enter`, and :func:`launch` gives it ``PDL`` = the kernel's mode and Triton's
+``launch_pdl``: the GPU may start it while the kernel before it in the stream (or CUDA graph)
+is still running, and it waits (``griddepcontrol.wait``) for that kernel's completion and
+memory before it touches memory. Kernels without the parameter, and every torch op, launch as
+before. Measured on the H200: a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per
+kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps
+at 1k context, 1 / 4 / 16 / 64 streams: mode 2 against off 3.87 -> 3.44, 5.27 -> 5.06, 10.15
+-> 9.96, 26.2 -> 26.3 ms (bench/results/h200-2026-11-30m/lf/); mode 1 slower (1 stream at 32k
+3.93 -> 5.98 ms, `le/`); mode 3 against 2 2.608 -> 2.638, 4.111 -> 4.017, 8.834 -> 8.949,
+20.661 -> 20.866 ms (bench/results/h200-2026-12-01d/ny/); the MoE's kernels alone as 3,
+against 2 (`nz/`): 2.593 -> 2.563, 4.101 -> 3.993, 8.781 -> 8.682, 19.526 -> 20.035 ms, at
+32k 2.818 -> 2.710, 4.216 -> 4.104, 9.567 -> 9.466, 22.842 -> 23.319 ms: early up to 16
+tokens. Every gpu_check, gpu_runtime and gpu_drafter check passed under modes 1, 2 and 4."""
+
+PDL_EARLY_TOKENS = 16
+"""Mode 4: the MoE's kernels launch the next kernel early (as mode 3) for chunks of at most this
+many tokens (measured at 1, 4, 16: faster; 64: slower)."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
@@ -90,7 +95,7 @@ def pdl_release(PDL: tl.constexpr):
 
 def kernel_pdl(early: bool) -> int:
     """A kernel's launch mode (its PDL constexpr) under the module's PDL: mode 4 gives the
-    kernels launched with ``pdl_early`` mode 3 and the others mode 2."""
+    kernels launched with ``pdl_early`` true mode 3 and the others mode 2."""
     if PDL == 4:
         return 3 if early else 2
     return PDL

@@ -58,11 +58,11 @@ def _releases(mod, fn) -> bool:
     return False
 
 
-def test_switch_defaults_to_mode_2_and_is_checked():
+def test_switch_defaults_to_mode_4_and_is_checked():
     env = {k: v for k, v in os.environ.items() if k != "KOLIBRI_PDL"}
     code = "import kolibri_trt_plugins._common as c; print(c.PDL)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "2", out.stderr
+    assert out.stdout.strip() == "4", out.stderr
     bad = subprocess.run([sys.executable, "-c", code], env=dict(env, KOLIBRI_PDL="yes"),
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "KOLIBRI_PDL: must be one of" in bad.stderr
@@ -77,14 +77,15 @@ def test_off_means_no_pdl_launch(monkeypatch):
 @pytest.mark.parametrize("mode,early,want", [(2, True, 2), (2, False, 2), (3, False, 3),
                                              (4, True, 3), (4, False, 2), (0, True, 0)])
 def test_kernel_mode(monkeypatch, mode, early, want):
-    """Mode 4: the kernels launched with pdl_early (the MoE's) let the next kernel launch once
-    they have waited (3), the others after their main loop (2)."""
+    """Mode 4: the kernels launched with pdl_early (the MoE's, up to PDL_EARLY_TOKENS tokens)
+    let the next kernel launch once they have waited (3), the others after their main loop
+    (2)."""
     monkeypatch.setattr(_common, "PDL", mode)
     assert _common.kernel_pdl(early) == want
 
 
 def test_moe_kernels_launch_early():
-    """Every launch in the MoE's modules asks for pdl_early (mode 4 acts on them alone)."""
+    """Every launch in the MoE's modules passes pdl_early (mode 4 acts on them alone)."""
     for m in ("moe", "moe_route", "moe_experts", "moe_split_combine"):
         src = inspect.getsource(importlib.import_module(f"kolibri_trt_plugins.{m}"))
         calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)
