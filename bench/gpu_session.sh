@@ -61,6 +61,10 @@
 #       medians of 3; 4 prompts T = 0.8, medians of 2) (~6 min).  carry: engines/carry-b.tar.xz
 #   PART=oa bash bench/gpu_session.sh   (~3 min, no engine) PDL mode 4 with the MoE's early launch
 #       up to 16 tokens, the default now: gpu_check moe, whole decode steps (no eager)
+#   PART=oc bash bench/gpu_session.sh   (~6 min, no engine) which kernel groups launch the next
+#       kernel early (KOLIBRI_PDL_EARLY, plugins/_common.py): whole decode steps (no eager)
+#       with moe (the default), moe+gemv, moe+norm, moe+attn, moe,gemv,norm,attn, moe again,
+#       then the default groups up to 32 tokens
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
@@ -174,6 +178,17 @@ case "${PART:-}" in
     step fullsize 90 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 55 \
       --no-eager
     pack oa
+    ;;
+  oc)
+    local_i=0
+    for groups in moe moe,gemv moe,norm moe,attn moe,gemv,norm,attn moe; do
+      local_i=$((local_i + 1))
+      KOLIBRI_PDL_EARLY=$groups step "fullsize_${local_i}_${groups//,/_}" 80 \
+        python3 bench/fullsize.py --out "$OUT/fs_${local_i}" --parts decode --budget 50 --no-eager
+    done
+    KOLIBRI_PDL_EARLY_TOKENS=32 step fullsize_tokens32 80 python3 bench/fullsize.py \
+      --out "$OUT/fs_tokens32" --parts decode --budget 50 --no-eager
+    pack oc
     ;;
   ob)
     allchecks

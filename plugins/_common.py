@@ -36,8 +36,8 @@ PDL = int(PDL)
 up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 after its main
 loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for the kernel before
 it (at its start: at most one kernel waits while another runs), 4 (the default) as 2 but the
-kernels launched with ``pdl_early=True`` as 3: the MoE's, in chunks of at most
-PDL_EARLY_TOKENS tokens. A kernel with a ``PDL: tl.constexpr`` parameter starts with
+kernels launched with ``pdl_early=True`` as 3 (`early_launch`: by default the MoE's, in chunks
+of at most PDL_EARLY_TOKENS tokens). A kernel with a ``PDL: tl.constexpr`` parameter starts with
 :func:`pdl_enter`, and :func:`launch` gives it ``PDL`` = the kernel's mode and Triton's
 ``launch_pdl``: the GPU may start it while the kernel before it in the stream (or CUDA graph)
 is still running, and it waits (``griddepcontrol.wait``) for that kernel's completion and
@@ -52,9 +52,28 @@ against 2 (`nz/`): 2.593 -> 2.563, 4.101 -> 3.993, 8.781 -> 8.682, 19.526 -> 20.
 32k 2.818 -> 2.710, 4.216 -> 4.104, 9.567 -> 9.466, 22.842 -> 23.319 ms: early up to 16
 tokens. Every gpu_check, gpu_runtime and gpu_drafter check passed under modes 1, 2 and 4."""
 
-PDL_EARLY_TOKENS = 16
-"""Mode 4: the MoE's kernels launch the next kernel early (as mode 3) for chunks of at most this
-many tokens (measured at 1, 4, 16: faster; 64: slower)."""
+PDL_GROUPS = ("moe", "gemv", "attn", "norm")
+PDL_EARLY_GROUPS = tuple(g for g in os.environ.get("KOLIBRI_PDL_EARLY", "moe").split(",") if g)
+if set(PDL_EARLY_GROUPS) - set(PDL_GROUPS):
+    raise ValueError(f"KOLIBRI_PDL_EARLY: comma list of {list(PDL_GROUPS)}, got "
+                     f"{os.environ.get('KOLIBRI_PDL_EARLY')!r}")
+PDL_EARLY_TOKENS = int(os.environ.get("KOLIBRI_PDL_EARLY_TOKENS", "16"))
+"""Mode 4: the kernel groups (environment KOLIBRI_PDL_EARLY, default the MoE's: router, top-k,
+experts, combines) that launch the next kernel early (as mode 3) for launches of at most
+PDL_EARLY_TOKENS tokens (KOLIBRI_PDL_EARLY_TOKENS; the MoE measured at 1, 4, 16 tokens faster,
+64 slower). The other groups: "gemv" (fp8_gemv, nvfp4_gemv), "attn" (paged attention and its
+merge), "norm" (add_rms_norm, the QK-norm kernels, fp8_kv_write); the drafter's and the
+samplers' kernels always launch as mode 2."""
+
+
+def early_launch(group: str, tokens: int) -> bool:
+    """`launch`'s ``pdl_early`` for a kernel of ``group`` (one of PDL_GROUPS) over ``tokens``
+    rows: in PDL_EARLY_GROUPS and at most PDL_EARLY_TOKENS. Raises ValueError on an unknown
+    group."""
+    if group not in PDL_GROUPS:
+        raise ValueError(f"early_launch: group {group!r} is not one of {list(PDL_GROUPS)}")
+    return group in PDL_EARLY_GROUPS and tokens <= PDL_EARLY_TOKENS
+
 
 _PDL_DEVICES: dict[int, bool] = {}
 

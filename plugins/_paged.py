@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ._common import cdiv, check_tensor, jit, launch, tl
+from ._common import cdiv, check_tensor, early_launch, jit, launch, tl
 from ._rows import pad_rows
 from .attn_combine import launch_attn_combine
 
@@ -153,6 +153,8 @@ def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm
     launch(kernel, (ns * hkv * rt, splits), q, *caches, block_tables, seq_lens, cu_q_lens,
            m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g, splits, rt, block_tables.stride(0),
            int(window), BLOCK=blk, PART=part, BLOCK_M=block_m, BLOCK_N=block_n, D=HEAD_DIM,
-           DOT_F32=interpret, interpret=interpret, **constexprs, **tune)
+           DOT_F32=interpret, interpret=interpret, pdl_early=early_launch("attn", total_q),
+           **constexprs, **tune)
     # merged here, not through the attn_combine op: this runs inside the attention op already
-    return launch_attn_combine(m, l, acc, interpret).view(total_q, hq, HEAD_DIM)
+    return launch_attn_combine(m, l, acc, interpret,
+                               early_launch("attn", total_q)).view(total_q, hq, HEAD_DIM)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 
 
 @jit
@@ -89,7 +89,8 @@ def _launch(x, residual, weight, eps, interpret):
         r = x if residual is None else residual  # never read without HAS_RES
         launch(_add_rms_norm_kernel, (T,), x, r, weight, h, y, x.stride(0), r.stride(0),
                float(eps), N=N, BLOCK=block, HAS_RES=residual is not None,
-               num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False, interpret=interpret)
+               num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False, interpret=interpret,
+               pdl_early=early_launch("norm", T))
     return h, y
 
 

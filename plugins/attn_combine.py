@@ -69,16 +69,18 @@ def _(m, l, acc):
     return torch.empty((m.shape[0], acc.shape[-1]), dtype=torch.bfloat16, device=m.device)
 
 
-def launch_attn_combine(m, l, acc, interpret: bool = False) -> torch.Tensor:
+def launch_attn_combine(m, l, acc, interpret: bool = False, pdl_early: bool = False
+                        ) -> torch.Tensor:
     """The merge kernel without argument checks or op dispatch, for the paged-attention ops'
     CUDA bodies (already inside their own op; they allocate m, l, acc as :func:`attn_combine`
-    requires). Same arguments and result as :func:`attn_combine`."""
+    requires). Same arguments and result as :func:`attn_combine`; pdl_early: the launch's
+    `_common.launch` option (the attention ops' group)."""
     R, S = m.shape
     D = acc.shape[-1]
     out = torch.empty((R, D), dtype=torch.bfloat16, device=m.device)
     if R:
-        launch(_attn_combine_kernel, (R,), m, l, acc, out, S, S_P=next_pow2(S), SC=SPLIT_CHUNK, D=D,
-               num_warps=4, interpret=interpret)
+        launch(_attn_combine_kernel, (R,), m, l, acc, out, S, S_P=next_pow2(S), SC=SPLIT_CHUNK,
+               D=D, num_warps=4, interpret=interpret, pdl_early=pdl_early)
     return out
 
 

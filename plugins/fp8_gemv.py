@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
@@ -308,13 +308,15 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
                 **extra, **(TUNE_SWAP if swap else TUNE))
     if split == 1:
         launch(_fp8_gemv_kernel, grid, *args[:3], y, *args[4:], ACT=code,
-               RES=f.residual is not None, **meta)
+               RES=f.residual is not None, pdl_early=early_launch("gemv", M), **meta)
         return y
     part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-    launch(_fp8_gemv_kernel, grid + (split,), *args[:3], part, *args[4:], SPLIT=split, **meta)
+    launch(_fp8_gemv_kernel, grid + (split,), *args[:3], part, *args[4:], SPLIT=split,
+           pdl_early=early_launch("gemv", M), **meta)
     launch(_fp8_gemv_reduce_kernel, (M, cdiv(N, BLOCK_R)), part, weight_scale, y, r, M, N,
            args[11], MODE=meta["MODE"], SPLIT=split, BLOCK=BLOCK_R, ACT=code,
-           RES=f.residual is not None, num_warps=4, interpret=interpret, **extra)
+           RES=f.residual is not None, num_warps=4, interpret=interpret,
+           pdl_early=early_launch("gemv", M), **extra)
     return y
 
 

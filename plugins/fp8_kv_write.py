@@ -11,7 +11,7 @@ import torch
 
 from ._common import (NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, launch,
                       next_pow2, tl)
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 
 HEAD_DIM = 128
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -72,7 +72,8 @@ def _launch(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale, interpret):
     if T:
         launch(_fp8_kv_write_kernel, (T,), k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale,
                k.stride(0), k.stride(1), v.stride(0), v.stride(1), hkv,
-               HKV_P=max(2, next_pow2(hkv)), D=HEAD_DIM, num_warps=4, interpret=interpret)
+               HKV_P=max(2, next_pow2(hkv)), D=HEAD_DIM, num_warps=4, interpret=interpret,
+               pdl_early=early_launch("norm", T))
 
 
 def fp8_kv_write(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
-from ._common import PDL_EARLY_TOKENS, pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from .moe_experts import MAX_TOKENS, launch_moe_experts
 from .moe_route import launch_moe_route, moe_route_ref
 
@@ -88,7 +88,7 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
                            act.stride(1), interpret)
         launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc, H, out.stride(0),
                out.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
-               num_warps=4, interpret=interpret, pdl_early=n <= PDL_EARLY_TOKENS)
+               num_warps=4, interpret=interpret, pdl_early=early_launch("moe", n))
     return y
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ._common import cdiv, jit, launch, next_pow2, tl
-from ._common import PDL_EARLY_TOKENS, pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
@@ -379,12 +379,12 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     if split == 1:
         launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
                a.stride(0), sa_s, out.stride(1), 0, 0,
-               pdl_early=M <= PDL_EARLY_TOKENS, **meta)
+               pdl_early=early_launch("moe", M), **meta)
         return
     width = max(n, n_sh_eff)
     part = torch.empty((split, 2 if gated else 1, M, topk + 1, width), dtype=torch.float32,
                        device=out.device)
     launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, M, n, k, n_sh, k_sh,
            a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split,
-           pdl_early=M <= PDL_EARLY_TOKENS, **meta)
+           pdl_early=early_launch("moe", M), **meta)
     launch_split_combine(part, ids, ws, shs, out, n, n_sh_eff, gated, split, interpret)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import PDL_EARLY_TOKENS, pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
@@ -149,10 +149,10 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
     launch(_router_logits_kernel, (cdiv(E, BLOCK_E), cdiv(M, ROWS * mt), split), x,
            router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
            ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret,
-           pdl_early=M <= PDL_EARLY_TOKENS, **TUNE)
+           pdl_early=early_launch("moe", M), **TUNE)
     launch(_topk_kernel, (M,), logits, ids, wts, M, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
            K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=TOPK_WARPS,
-           interpret=interpret, pdl_early=M <= PDL_EARLY_TOKENS)
+           interpret=interpret, pdl_early=early_launch("moe", M))
     return ids, wts
 
 

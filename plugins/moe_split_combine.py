@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import cdiv, jit, launch, tl
-from ._common import PDL_EARLY_TOKENS, pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from ._split_k import sum_splits
 
 BLOCK_C = 256   # columns per program
@@ -59,7 +59,7 @@ def launch_split_combine(part: torch.Tensor, ids: torch.Tensor, ws: torch.Tensor
     launch(_moe_split_combine_kernel, (M * (topk + 1), cdiv(width, BLOCK_C)), part, ids, ws,
            shs, out, n, n_sh, part.stride(0), part.stride(1), part.stride(3), out.stride(1),
            TOPK=topk, GATED=gated, SPLIT=split, BLOCK=BLOCK_C, num_warps=4, interpret=interpret,
-           pdl_early=M <= PDL_EARLY_TOKENS)
+           pdl_early=early_launch("moe", M))
 
 
 def moe_split_combine_ref(part: torch.Tensor, ids: torch.Tensor, ws: torch.Tensor,

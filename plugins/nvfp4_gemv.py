@@ -22,7 +22,7 @@ import torch
 
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._gemv_fusion import _col_rstd, tile_rstds
@@ -288,7 +288,8 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
            x if norm is None else norm, M, N, K, x.stride(0), K // 2, K // 16, float(eps),
            BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=mt, USE_ASM=not interpret,
            DECODE=DECODE, SWAP=swap, DOT_F32=interpret, NORM=norm is not None,
-           interpret=interpret, **extra, **(TUNE_SWAP if swap else TUNE))
+           interpret=interpret, pdl_early=early_launch("gemv", M), **extra,
+           **(TUNE_SWAP if swap else TUNE))
     return y
 
 

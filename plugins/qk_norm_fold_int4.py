@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, next_pow2, tl)
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from ._rows import linear_rows
 
 HEAD_DIM = 128
@@ -212,10 +212,11 @@ def _launch(q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta, v_meta, e
     q_out = torch.empty((T, hq, HEAD_DIM), dtype=torch.bfloat16, device=q.device)
     if T == 0:
         return q_out
-    launch(_qk_fold_int4_kernel, (T, cdiv(hq, Q_ROWS) + 1), q, k, v, m_q, m_k, slot_mapping, k_codes, v_codes, k_meta,
-           v_meta, q_out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-           v.stride(1), hq, hkv, k_codes.shape[2], float(eps), Q_ROWS=Q_ROWS,
-           HKV_P=max(16, next_pow2(hkv)), D=HEAD_DIM, num_warps=4, interpret=interpret)
+    launch(_qk_fold_int4_kernel, (T, cdiv(hq, Q_ROWS) + 1), q, k, v, m_q, m_k, slot_mapping,
+           k_codes, v_codes, k_meta, v_meta, q_out, q.stride(0), q.stride(1), k.stride(0),
+           k.stride(1), v.stride(0), v.stride(1), hq, hkv, k_codes.shape[2], float(eps), Q_ROWS=Q_ROWS,
+           HKV_P=max(16, next_pow2(hkv)), D=HEAD_DIM, num_warps=4, interpret=interpret,
+           pdl_early=early_launch("norm", T))
     return q_out
 
 

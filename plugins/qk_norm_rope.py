@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 
 HEAD_DIM = 128
 
@@ -120,7 +120,8 @@ def _launch(q, k, q_norm, k_norm, cos, sin, eps, rope, interpret):
         launch(_qk_norm_rope_kernel, (T,), q, k, q_norm, k_norm, *cs, q_out, k_out,
                q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq, hkv, float(eps),
                HQ_P=max(2, next_pow2(hq)), HKV_P=max(2, next_pow2(hkv)), D=HEAD_DIM,
-               ROPE=bool(rope), num_warps=4, enable_fp_fusion=False, interpret=interpret)
+               ROPE=bool(rope), num_warps=4, enable_fp_fusion=False, interpret=interpret,
+               pdl_early=early_launch("norm", T))
     return q_out, k_out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, next_pow2, tl
-from ._common import pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release
 from .fp8_kv_write import check_cache_args, fp8_kv_write_ref, fp8_store_heads
 from .qk_norm_rope import HEAD_DIM, _check, _norm_rope_heads, norm_rope_values, qk_norm_rope_ref
 
@@ -86,7 +86,8 @@ def _launch(q, k, v, q_norm, k_norm, cos, sin, slots, k_cache, v_cache, k_scale,
                k_cache, v_cache, k_scale, v_scale, q_out, q.stride(0), q.stride(1), k.stride(0),
                k.stride(1), v.stride(0), v.stride(1), hq, hkv, float(eps),
                HQ_P=max(2, next_pow2(hq)), HKV_P=max(2, next_pow2(hkv)), D=HEAD_DIM,
-               ROPE=bool(rope), num_warps=4, enable_fp_fusion=False, interpret=interpret)
+               ROPE=bool(rope), num_warps=4, enable_fp_fusion=False, interpret=interpret,
+               pdl_early=early_launch("norm", T))
     return q_out
 
 

@@ -84,12 +84,35 @@ def test_kernel_mode(monkeypatch, mode, early, want):
     assert _common.kernel_pdl(early) == want
 
 
-def test_moe_kernels_launch_early():
-    """Every launch in the MoE's modules passes pdl_early (mode 4 acts on them alone)."""
-    for m in ("moe", "moe_route", "moe_experts", "moe_split_combine"):
+GROUPED = {"moe": ("moe", "moe_route", "moe_experts", "moe_split_combine"),
+           "gemv": ("fp8_gemv", "nvfp4_gemv"), "attn": ("_paged", "attn_combine"),
+           "norm": ("add_rms_norm", "fp8_kv_write", "qk_norm_fold_int4", "qk_norm_rope",
+                    "qk_norm_rope_kv_write")}
+
+
+@pytest.mark.parametrize("group", sorted(GROUPED))
+def test_grouped_kernels_pass_pdl_early(group):
+    """Every launch in a group's modules passes pdl_early (mode 4 acts on the groups listed in
+    KOLIBRI_PDL_EARLY alone)."""
+    for m in GROUPED[group]:
         src = inspect.getsource(importlib.import_module(f"kolibri_trt_plugins.{m}"))
         calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id == "launch"]
         assert calls, m
         for c in calls:
             assert any(k.arg == "pdl_early" for k in c.keywords), (m, ast.unparse(c)[:80])
+
+
+def test_early_launch_groups(monkeypatch):
+    """early_launch: the listed groups up to PDL_EARLY_TOKENS tokens; unknown groups raise; the
+    switch is checked on import."""
+    monkeypatch.setattr(_common, "PDL_EARLY_GROUPS", ("moe", "gemv"))
+    monkeypatch.setattr(_common, "PDL_EARLY_TOKENS", 16)
+    assert _common.early_launch("moe", 16) and _common.early_launch("gemv", 1)
+    assert not _common.early_launch("moe", 17) and not _common.early_launch("attn", 1)
+    with pytest.raises(ValueError, match="group 'sampler'"):
+        _common.early_launch("sampler", 1)
+    env = dict(os.environ, KOLIBRI_PDL_EARLY="moe,bogus")
+    bad = subprocess.run([sys.executable, "-c", "import kolibri_trt_plugins._common"], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "KOLIBRI_PDL_EARLY: comma list" in bad.stderr
