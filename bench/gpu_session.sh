@@ -65,6 +65,10 @@
 #       kernel early (KOLIBRI_PDL_EARLY, plugins/_common.py): whole decode steps (no eager)
 #       with moe (the default), moe+gemv, moe+norm, moe+attn, moe,gemv,norm,attn, moe again,
 #       then the default groups up to 32 tokens
+#   PART=od bash bench/gpu_session.sh   (~7 min, no engine) the swapped GEMV form past 8 rows
+#       (bench/wide_swap.py: fp8_gemv and nvfp4_gemv at 16-64 rows in 16/32/64-row tiles, bits
+#       checked), then gpu_check fp8gemv,nvfp4 with fp8_gemv's and nvfp4_gemv's swap up to 64
+#       rows in 32-row tiles
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
@@ -189,6 +193,14 @@ case "${PART:-}" in
     KOLIBRI_PDL_EARLY_TOKENS=32 step fullsize_tokens32 80 python3 bench/fullsize.py \
       --out "$OUT/fs_tokens32" --parts decode --budget 50 --no-eager
     pack oc
+    ;;
+  od)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step wide 400 python3 bench/wide_swap.py
+    step check_wide 120 python3 bench/gpu_check.py --only fp8gemv,nvfp4 \
+      --set fp8_gemv.SWAP_ROWS=64 --set fp8_gemv.ROWS_SWAP=32 \
+      --set nvfp4_gemv.SWAP_ROWS=64 --set nvfp4_gemv.ROWS_SWAP=32
+    pack od
     ;;
   ob)
     allchecks

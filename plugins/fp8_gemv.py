@@ -289,7 +289,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     rows = ROWS_SWAP if swap else ROWS
     mode = scale_mode(weight, weight_scale)
     wide = not swap and f.plain and mode == MODE_TENSOR
-    mt = min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
+    mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
     bn = WIDE_TILES[0] if wide else block_n_for(N)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
     grid = (cdiv(N, bn), cdiv(M, rows * mt))

@@ -280,7 +280,7 @@ def _launch(x, weight, weight_scale, weight_scale_2, interpret, norm=None, eps=1
         raise ValueError(f"nvfp4_gemv.DECODE: {DECODE!r}, want one of {DECODES}")
     swap = M <= SWAP_ROWS
     rows = ROWS_SWAP if swap else ROWS
-    mt = min(MAX_TILES, cdiv(M, rows))
+    mt = 1 if swap else min(MAX_TILES, cdiv(M, rows))   # the swapped kernel: one row tile
     bn = block_n_for(N, M)
     grid = (cdiv(N, bn), cdiv(M, rows * mt))
     extra = {} if norm is None else dict(enable_fp_fusion=False)   # torch's separate roundings

@@ -107,6 +107,25 @@ def test_swapped_form_keeps_bits(interp, monkeypatch, M):
         assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
 
 
+@pytest.mark.parametrize("M,rows", [(20, 16), (33, 32), (33, 16)])
+def test_wide_swapped_tiles_keep_bits(interp, monkeypatch, M, rows):
+    """The swapped form past 8 rows (SWAP_ROWS 64, ROWS_SWAP 16 / 32: one row tile per program,
+    several programs along M; timed by bench/wide_swap.py) gives the defaults' bits."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    nv = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
+    g = T.gen(95 + M)
+    x = T.randn((M, 256), g)
+    cases = [(f8, fp8_gemv, T.fp8_weight(72, 256, mode, g)) for mode in ("tensor", "block")]
+    cases.append((nv, nvfp4_gemv, T.nvfp4_weight(72, 256, g)))
+    for mod, fn, w in cases:
+        want = fn(x, *w, interpret=True)
+        monkeypatch.setattr(mod, "SWAP_ROWS", 64)
+        monkeypatch.setattr(mod, "ROWS_SWAP", rows)
+        assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
+        monkeypatch.undo()
+
+
 def test_unknown_decode_mode_raises(monkeypatch):
     """A DECODE setting the kernels do not have raises, naming the module (no silent fallback)."""
     import importlib

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The swapped GEMV form (weights as the MMA's A operand, rows as its N) past 8 rows, on the
+H200. One call:
+
+    python3 bench/wide_swap.py [--out DIR] [--kernels fp8,nvfp4]
+
+fp8_gemv (QKV 3584 x 2560 and o_proj 2560 x 2560 per tensor, the drafter's 7680 x 2560 with
+1x64 block scales) and nvfp4_gemv (LM head 131072 x 2560, drafter head 60614 x 2560) at M = 16,
+32, 64: the file's defaults (the 16-row form past SWAP_ROWS = 8), then the swapped form for
+every M up to 64 (SWAP_ROWS 64) in tiles of ROWS_SWAP = 16, 32 or 64 rows, one weight pass per
+tile, at other warps and stages (TUNE_SWAP). Compiled for sm_90 here first (bench/aot_sass.py):
+nvfp4 at 64 rows, BLOCK_N 64, 4 warps: the 16-row form with 4 row tiles 992 SASS instructions
+per K step, 255 registers and 144 B of spills; swapped 64-row tiles 908, 224 registers (a
+wgmma), 32-row 812; fp8 at one warp (mma.sync): 8 / 16 / 32 rows 769 / 941 / 1228
+instructions per K step (BLOCK_N 32), 64 rows spill. Each output keeps its K order (the MMA
+tiles N by 8), so the bits must equal the defaults'; every row says whether they do. Time as
+bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays), bytes =
+weights (+ scales) + x + y, TB/s and % of the 4.14 TB/s read ceiling. JSON:
+$OUT/wide_swap.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import plugin_timing as PT  # noqa: E402
+from gpu_check import load_plugins  # noqa: E402
+
+load_plugins()
+from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
+from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
+
+F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
+K = 2560
+MS = (16, 32, 64)
+FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
+HEADS = (("lm_head", 131072), ("drafter_head", 60614))
+# (SWAP_ROWS, ROWS_SWAP, num_warps, num_stages) of the swapped kernel; None: the file's
+FP8_GRID = [(64, r, w, s) for r, w, s in itertools.product((16, 32), (1, 4), (3, 5))]
+NV_GRID = [(64, r, 4, s) for r, s in itertools.product((16, 32, 64), (3, 4))]
+
+
+def setter(mod):
+    """apply(swap_rows, rows_swap, warps, stages) on mod; the file's values restore it."""
+    saved = (mod.SWAP_ROWS, mod.ROWS_SWAP, dict(mod.TUNE_SWAP))
+
+    def apply(swap_rows, rows_swap, warps, stages):
+        mod.SWAP_ROWS, mod.ROWS_SWAP = swap_rows, rows_swap
+        mod.TUNE_SWAP.clear()
+        mod.TUNE_SWAP.update(saved[2], num_warps=warps, num_stages=stages)
+    default = (saved[0], saved[1], saved[2]["num_warps"], saved[2]["num_stages"])
+    return apply, default
+
+
+def run(rows, kernel, name, nbytes_w, n, m, calls, grid, mod):
+    """Time the file's defaults and each grid variant of one shape and M; rows get a dict each."""
+    apply, default = setter(mod)
+    base = calls[0]()
+    nbytes = nbytes_w + m * (n + K) * 2
+    for v, us, same in PT.variants(f"{kernel} {name} M={m}", calls, default, grid, apply,
+                                   lambda y: torch.equal(y, base)):
+        tbs = nbytes / us / 1e6
+        rows.append(dict(kernel=kernel, shape=name, M=m, swap_rows=v[0], rows_swap=v[1],
+                         warps=v[2], stages=v[3], us=us, TBs=tbs, pct=100 * tbs * 1e12 / PT.BW,
+                         bits_equal=same, default=v == default))
+        print(f"{kernel} {name:12s} M={m:2d} swap_rows={v[0]:2d} rows={v[1]:2d} warps={v[2]} "
+              f"stages={v[3]} {us:8.1f} us {tbs:5.2f} TB/s {100 * tbs * 1e12 / PT.BW:5.1f}%  "
+              f"bits == default: {same}{'  (default)' if v == default else ''}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp)")
+    ap.add_argument("--kernels", default="fp8,nvfp4")
+    args = ap.parse_args()
+    kernels = args.kernels.split(",")
+    if set(kernels) - {"fp8", "nvfp4"}:
+        ap.error(f"--kernels: among fp8, nvfp4, got {args.kernels}")
+    out = PT.out_dir()
+    rows: list[dict] = []
+    for name, n, mode in FP8_SHAPES if "fp8" in kernels else ():
+        ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
+               torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
+               else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
+        for m in MS:
+            x = torch.randn((m, K), device=PT.DEV).bfloat16()
+            run(rows, "fp8", name, n * K, n, m, [lambda w=w: fp8_gemv(x, *w) for w in ws],
+                FP8_GRID, F8)
+        del ws
+        torch.cuda.empty_cache()
+    for name, n in HEADS if "nvfp4" in kernels else ():
+        wbytes = n * K // 2 + n * K // 16
+        ws = [(torch.randint(0, 256, (n, K // 2), dtype=torch.uint8, device=PT.DEV),
+               (torch.rand((n, K // 16), device=PT.DEV) + 0.25).to(PT.E4M3),
+               torch.tensor([0.02], device=PT.DEV)) for _ in range(PT.sets_for(wbytes))]
+        for m in MS:
+            x = torch.randn((m, K), device=PT.DEV).bfloat16()
+            run(rows, "nvfp4", name, wbytes, n, m, [lambda w=w: nvfp4_gemv(x, *w) for w in ws],
+                NV_GRID, NV)
+        del ws
+        torch.cuda.empty_cache()
+    (out / "wide_swap.json").write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["bits_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
