@@ -87,6 +87,23 @@ def test_bf16_recipe_is_the_checkpoint(build_ckpt, test_recipes, tmp_path):
     assert drafter.keys() == load_all(build_ckpt[1]).keys()
 
 
+def test_progress_reaches_its_total(build_ckpt, test_recipes, tmp_path, monkeypatch):
+    """The build's progress bar ends at its total: every step it announced was taken."""
+    import kolibri_trt.builder.engine as engine_mod
+    seen = {}
+
+    class Counting(engine_mod.Progress):
+        def __exit__(self, *exc):
+            seen.update(n=self.bar.n, total=self.bar.total)
+            super().__exit__(*exc)
+
+    monkeypatch.setattr(engine_mod, "Progress", Counting)
+    build_engine(BuildOptions(model=build_ckpt[0], drafter=build_ckpt[1], out=tmp_path / "e",
+                              recipes_dir=test_recipes, target="cpu", weights="bf16",
+                              kv_cache="bf16", progress=True))
+    assert seen["total"] > 0 and seen["n"] == seen["total"], seen
+
+
 def test_runtime_reads_the_engine(built_engine):
     loader = pytest.importorskip("kolibri_trt.runtime.engine_loader")
     manifest = loader.Manifest.read(built_engine)

@@ -36,7 +36,7 @@ def assemble(plan: Plan, tmp: Path, progress, opts: BuildOptions) -> None:
     """Write the whole engine into `tmp` (see the module docstring)."""
     stats, cal = plan.stats, plan.recipe.calibration
     sources = source_files(plan)
-    progress.grow(6 + bool(opts.export_onnx))
+    progress.grow(5 + bool(opts.export_onnx))   # the advance() calls below
     if plan.recipe.quantized:
         with stats.stage("startup"):         # importing ModelOpt: a fixed cost, not per tensor
             mo.require_modelopt(f"recipe {plan.recipe.name!r}")
