@@ -89,18 +89,23 @@ def test_fp8_wide_tiles_keep_bits(interp, monkeypatch, wide):
     assert torch.equal(fp8_gemv(x, *w, interpret=True), want)
 
 
+def _swap_cases(g):
+    """(module, op, weight) of the swapped GEMVs: fp8_gemv per tensor and with block scales,
+    nvfp4_gemv; 72 x 256 weights."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    nv = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
+    cases = [(f8, fp8_gemv, T.fp8_weight(72, 256, mode, g)) for mode in ("tensor", "block")]
+    return cases + [(nv, nvfp4_gemv, T.nvfp4_weight(72, 256, g))]
+
+
 @pytest.mark.parametrize("M", [1, 3, 8])
 def test_swapped_form_keeps_bits(interp, monkeypatch, M):
     """W·x^T (SWAP_ROWS, up to 8 rows) gives the bits of the 16-row x·W^T form: the same
     products per MMA k-step (the H200 shows the same, bench/swap_ab.py)."""
-    import importlib
-    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
-    nv = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
     g = T.gen(90 + M)
     x = T.randn((M, 256), g)
-    cases = [(f8, fp8_gemv, T.fp8_weight(72, 256, mode, g)) for mode in ("tensor", "block")]
-    cases.append((nv, nvfp4_gemv, T.nvfp4_weight(72, 256, g)))
-    for mod, fn, w in cases:
+    for mod, fn, w in _swap_cases(g):
         monkeypatch.setattr(mod, "SWAP_ROWS", 0)
         want = fn(x, *w, interpret=True)
         monkeypatch.setattr(mod, "SWAP_ROWS", 8)
@@ -111,14 +116,9 @@ def test_swapped_form_keeps_bits(interp, monkeypatch, M):
 def test_wide_swapped_tiles_keep_bits(interp, monkeypatch, M, rows):
     """The swapped form past 8 rows (SWAP_ROWS 64, ROWS_SWAP 16 / 32: one row tile per program,
     several programs along M; timed by bench/wide_swap.py) gives the defaults' bits."""
-    import importlib
-    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
-    nv = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
     g = T.gen(95 + M)
     x = T.randn((M, 256), g)
-    cases = [(f8, fp8_gemv, T.fp8_weight(72, 256, mode, g)) for mode in ("tensor", "block")]
-    cases.append((nv, nvfp4_gemv, T.nvfp4_weight(72, 256, g)))
-    for mod, fn, w in cases:
+    for mod, fn, w in _swap_cases(g):
         want = fn(x, *w, interpret=True)
         monkeypatch.setattr(mod, "SWAP_ROWS", 64)
         monkeypatch.setattr(mod, "ROWS_SWAP", rows)
