@@ -57,7 +57,10 @@ PDL_EARLY_GROUPS = tuple(g for g in os.environ.get("KOLIBRI_PDL_EARLY", "moe").s
 if set(PDL_EARLY_GROUPS) - set(PDL_GROUPS):
     raise ValueError(f"KOLIBRI_PDL_EARLY: comma list of {list(PDL_GROUPS)}, got "
                      f"{os.environ.get('KOLIBRI_PDL_EARLY')!r}")
-PDL_EARLY_TOKENS = int(os.environ.get("KOLIBRI_PDL_EARLY_TOKENS", "16"))
+PDL_EARLY_TOKENS = os.environ.get("KOLIBRI_PDL_EARLY_TOKENS", "16")
+if not PDL_EARLY_TOKENS.isdigit():
+    raise ValueError(f"KOLIBRI_PDL_EARLY_TOKENS: a token count (digits), got {PDL_EARLY_TOKENS!r}")
+PDL_EARLY_TOKENS = int(PDL_EARLY_TOKENS)
 """Mode 4: the kernel groups (environment KOLIBRI_PDL_EARLY, default the MoE's: router, top-k,
 experts, combines) that launch the next kernel early (as mode 3) for launches of at most
 PDL_EARLY_TOKENS tokens (KOLIBRI_PDL_EARLY_TOKENS; the MoE measured at 1, 4, 16 tokens faster,

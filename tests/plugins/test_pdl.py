@@ -116,3 +116,7 @@ def test_early_launch_groups(monkeypatch):
     bad = subprocess.run([sys.executable, "-c", "import kolibri_trt_plugins._common"], env=env,
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "KOLIBRI_PDL_EARLY: comma list" in bad.stderr
+    env = dict(os.environ, KOLIBRI_PDL_EARLY_TOKENS="many")
+    bad = subprocess.run([sys.executable, "-c", "import kolibri_trt_plugins._common"], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "KOLIBRI_PDL_EARLY_TOKENS: a token count" in bad.stderr
