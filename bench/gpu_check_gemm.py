@@ -109,9 +109,15 @@ def check_fp8fused(g, small):
 
 # ---------------------------------------------------------------- MoE
 def check_moe(g, small):
-    cfgs = [("small", 8, 256, 128, 128, 2, (1, 3, 33, 70)), ("small-noshared", 8, 256, 128, 0, 2, (3,))]
+    """moe_forward against its reference (graphs replayed), batch invariance, and chunks of
+    MAX_TOKENS (one unit per expert, the shared expert in 64-token groups) against chunks of
+    64 (one unit per pair): the same bits."""
+    import importlib
+    me = importlib.import_module("kolibri_trt_plugins.moe_experts")
+    cfgs = [("small", 8, 256, 128, 128, 2, (1, 3, 33, 70, 200)),
+            ("small-noshared", 8, 256, 128, 0, 2, (3, 130))]
     if not small:
-        cfgs.append(("full", 256, 2560, 768, 768, 6, (1, 16, 64)))
+        cfgs.append(("full", 256, 2560, 768, 768, 6, (1, 16, 64, 130)))
     for label, E, H, I_, Is, k, Ms in cfgs:
         wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
         for M in Ms:
@@ -122,6 +128,15 @@ def check_moe(g, small):
             record(f"moe {label} E={E} H={H} I={I_} top{k} M={M}", e < TOL["moe"], msg)
         x = T.randn((max(Ms), H), g, device=B.DEV)
         check_gemv_invariance(f"moe {label}", lambda xx: moe_forward(xx, *wts, top_k=k), x)
+        want = moe_forward(x, *wts, top_k=k)
+        saved = me.MAX_TOKENS, me.BY_EXPERT_TOKENS
+        try:
+            me.MAX_TOKENS, me.BY_EXPERT_TOKENS = 64, 1 << 30
+            same = torch.equal(moe_forward(x, *wts, top_k=k), want)
+        finally:
+            me.MAX_TOKENS, me.BY_EXPERT_TOKENS = saved
+        record(f"moe {label} chunks of {saved[0]} = chunks of 64 (M={x.shape[0]})", same,
+               "bit-identical" if same else "DIFFERS")
 
 
 def check_split_k(g, small):

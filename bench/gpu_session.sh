@@ -61,6 +61,10 @@
 #       medians of 3; 4 prompts T = 0.8, medians of 2) (~6 min).  carry: engines/carry-b.tar.xz
 #   PART=oa bash bench/gpu_session.sh   (~3 min, no engine) PDL mode 4 with the MoE's early launch
 #       up to 16 tokens, the default now: gpu_check moe, whole decode steps (no eager)
+#   PART=oe bash bench/gpu_session.sh   (~6 min, no engine) the MoE in chunks of 128 tokens
+#       (one unit per expert past 64 tokens, the shared expert in 64-token groups) and fp8_gemv's
+#       swapped tiles up to 64 rows: bench/moe_chunks.py (M = 64-256, bits against chunks of
+#       64), gpu_check moe,fp8gemv,fp8fused,splitk, whole decode + verify steps (no eager)
 #   PART=oc bash bench/gpu_session.sh   (~6 min, no engine) which kernel groups launch the next
 #       kernel early (KOLIBRI_PDL_EARLY, plugins/_common.py): whole decode steps (no eager)
 #       with moe (the default), moe+gemv, moe+norm, moe+attn, moe,gemv,norm,attn, moe again,
@@ -177,6 +181,15 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  oe)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step chunks 200 python3 bench/moe_chunks.py
+    step check 130 python3 bench/gpu_check.py --only moe,fp8gemv,fp8fused,splitk
+    unset KOLIBRI_PDL
+    step fullsize 180 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify \
+      --budget 110 --no-eager
+    pack oe
+    ;;
   oa)
     step check 100 python3 bench/gpu_check.py --only moe
     step fullsize 90 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 55 \

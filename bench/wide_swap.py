@@ -6,9 +6,10 @@ H200. One call:
 
 fp8_gemv (QKV 3584 x 2560 and o_proj 2560 x 2560 per tensor, the drafter's 7680 x 2560 with
 1x64 block scales) and nvfp4_gemv (LM head 131072 x 2560, drafter head 60614 x 2560) at M = 16,
-32, 64: the file's defaults (the 16-row form past SWAP_ROWS = 8), then the swapped form for
+32, 64: the file's settings (shown as 0s), then the swapped form for
 every M up to 64 (SWAP_ROWS 64) in tiles of ROWS_SWAP = 16, 32 or 64 rows, one weight pass per
-tile, at other warps and stages (TUNE_SWAP). Compiled for sm_90 here first (bench/aot_sass.py):
+tile, at other warps and stages. (Ran at a339116, bench/results/h200-2026-12-01e/od/; fp8_gemv's
+16- and 32-row tiles past 8 rows are its default since, SWAP_TILES.) Compiled for sm_90 here first (bench/aot_sass.py):
 nvfp4 at 64 rows, BLOCK_N 64, 4 warps: the 16-row form with 4 row tiles 992 SASS instructions
 per K step, 255 registers and 144 B of spills; swapped 64-row tiles 908, 224 registers (a
 wgmma), 32-row 812; fp8 at one warp (mma.sync): 8 / 16 / 32 rows 769 / 941 / 1228
@@ -49,16 +50,28 @@ FP8_GRID = [(64, r, w, s) for r, w, s in itertools.product((16, 32), (1, 4), (3,
 NV_GRID = [(64, r, 4, s) for r, s in itertools.product((16, 32, 64), (3, 4))]
 
 
+FILE = (0, 0, 0, 0)   # the file's own settings
+
+
 def setter(mod):
-    """apply(swap_rows, rows_swap, warps, stages) on mod; the file's values restore it."""
-    saved = (mod.SWAP_ROWS, mod.ROWS_SWAP, dict(mod.TUNE_SWAP))
+    """apply(swap_rows, rows_swap, warps, stages) on mod (fp8_gemv: one SWAP_TILES entry;
+    nvfp4_gemv: ROWS_SWAP and TUNE_SWAP); FILE restores the file's settings."""
+    names = ("SWAP_ROWS", "SWAP_TILES") if hasattr(mod, "SWAP_TILES") else (
+        "SWAP_ROWS", "ROWS_SWAP", "TUNE_SWAP")
+    saved = {k: getattr(mod, k) for k in names}
 
     def apply(swap_rows, rows_swap, warps, stages):
-        mod.SWAP_ROWS, mod.ROWS_SWAP = swap_rows, rows_swap
-        mod.TUNE_SWAP.clear()
-        mod.TUNE_SWAP.update(saved[2], num_warps=warps, num_stages=stages)
-    default = (saved[0], saved[1], saved[2]["num_warps"], saved[2]["num_stages"])
-    return apply, default
+        for k, v in saved.items():
+            setattr(mod, k, v)
+        if (swap_rows, rows_swap, warps, stages) == FILE:
+            return
+        mod.SWAP_ROWS = swap_rows
+        if "SWAP_TILES" in saved:
+            mod.SWAP_TILES = ((swap_rows, rows_swap, warps, stages),)
+        else:
+            mod.ROWS_SWAP = rows_swap
+            mod.TUNE_SWAP = dict(saved["TUNE_SWAP"], num_warps=warps, num_stages=stages)
+    return apply, FILE
 
 
 def run(rows, kernel, name, nbytes_w, n, m, calls, grid, mod):

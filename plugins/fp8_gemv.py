@@ -57,12 +57,16 @@ BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # At most SWAP_ROWS rows (0: never) without a norm compute y^T = W·x^T, the weight tile the
-# MMA's A operand and the rows its N (one ROWS_SWAP-row tile, one warp per program; plugins/
+# MMA's A operand and the rows its N (one row tile per program, SWAP_TILES, one warp; plugins/
 # NOTES.md "Weights as the MMA's A operand"): H200 at one row, the same bits, QKV 9.0 -> 7.0
 # µs, the drafter's block-scaled 7680x2560 16.0 -> 8.8 (bench/results/h200-2026-12-01b/nl/).
-SWAP_ROWS = 8
-ROWS_SWAP = 8
-TUNE_SWAP = dict(num_warps=1, num_stages=5)   # launch config of the swapped kernel
+# Past 8 rows the same form in 16- and 32-row tiles at stages 3 (H200, the same bits,
+# bench/results/h200-2026-12-01e/od/wide.log, µs for M = 16 / 32 / 64 against the 16-row form):
+# QKV 7.7 / 9.5 / 13.0 -> 7.7 / 8.5 / 12.1, o_proj 7.1 / 8.7 / 11.3 -> 6.8 / 8.7 / 11.5, the
+# drafter's block-scaled 7680x2560 15.6 / 29.2 / 47.9 -> 9.9 / 15.1 / 23.2.
+SWAP_ROWS = 64
+# (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
+SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3))
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
@@ -260,6 +264,13 @@ def block_n_for(n: int) -> int:
     return bn
 
 
+def swap_tile(m: int) -> tuple[int, dict]:
+    """(rows per tile, launch config) of the swapped kernel for m rows (SWAP_TILES; the first
+    entry that holds m, else the last): tiles only group rows, so the bits never depend on it."""
+    most, rows, warps, stages = next((t for t in SWAP_TILES if m <= t[0]), SWAP_TILES[-1])
+    return rows, dict(num_warps=warps, num_stages=stages)
+
+
 def split_k_for(n: int, k: int) -> int:
     """K splits asked for (a function of N and K only: batch invariance); the launch drops empty
     ranges (_split_k.num_splits)."""
@@ -286,7 +297,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
         return y
     check_decode("fp8_gemv", DECODE)
     swap = M <= SWAP_ROWS and f.norm is None
-    rows = ROWS_SWAP if swap else ROWS
+    rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
     mode = scale_mode(weight, weight_scale)
     wide = not swap and f.plain and mode == MODE_TENSOR
     mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
@@ -305,7 +316,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
                 SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
                 DECODE=1 if interpret else DECODE, SWAP=swap,
                 NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,
-                **extra, **(TUNE_SWAP if swap else TUNE))
+                **extra, **tune)
     if split == 1:
         launch(_fp8_gemv_kernel, grid, *args[:3], y, *args[4:], ACT=code,
                RES=f.residual is not None, pdl_early=early_launch("gemv", M), **meta)

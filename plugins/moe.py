@@ -5,8 +5,9 @@
     out[m, i]  = act[m, i]·down_eᵀ                 fp32
     y[m] = Σ_i w[m, i]·out[m, i] + out[m, k]       summed in slot order (this file's kernel)
 Source: shared/spec/kolibri-1.md (forward pass); weights per plugins/LAYOUTS.md (e4m3, one fp32
-scale per expert). Four launches per 64 tokens: route (2 kernels), gate_up, down, combine.
-Reads only the selected experts, each once per chunk of 64 tokens.
+scale per expert). Five launches per chunk of moe_experts.MAX_TOKENS tokens: route (2 kernels), gate_up, down,
+combine.
+Reads only the selected experts, each once per chunk.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
 from ._common import early_launch, pdl_enter, pdl_release
-from .moe_experts import MAX_TOKENS, launch_moe_experts
+from . import moe_experts
+from .moe_experts import launch_moe_experts
 from .moe_route import launch_moe_route, moe_route_ref
 
 BLOCK_H = 256
@@ -74,9 +76,10 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
         return y
     # routed here, not through the moe_route op: this runs inside the moe_forward op already
     ids, wts = launch_moe_route(x, router_weight, top_k, renormalize, interpret)
-    for c0 in range(0, M, MAX_TOKENS):
-        c1 = min(M, c0 + MAX_TOKENS)
-        n = c1 - c0   # one chunk (M <= 64: decode, verification) takes the tensors, no views
+    chunk = moe_experts.MAX_TOKENS   # read at each call (benchmarks and tests set it)
+    for c0 in range(0, M, chunk):
+        c1 = min(M, c0 + chunk)
+        n = c1 - c0   # one chunk (decode, verification) takes the tensors, no views
         xc, idc, wc, yc = ((x, ids, wts, y) if n == M else
                            (x[c0:c1], ids[c0:c1], wts[c0:c1], y[c0:c1]))
         act = torch.empty((n, top_k + 1, max(inter, inter_sh)), dtype=torch.bfloat16,

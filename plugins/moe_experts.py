@@ -31,7 +31,14 @@ from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
 
 ROWS = 16
-MAX_TOKENS = 64          # tokens per launch (4 tiles of 16); callers chunk larger batches
+# Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
+# verification pass of 80 tokens in chunks of 64 read ~280 experts per layer instead of ~216
+# (16 streams at 8k, 4 -> 5 tokens per stream 20.5 -> 28.2 ms, h200-2026-12-01d/nx/fullsize.log).
+MAX_TOKENS = 128
+SHARED_TOKENS = 64       # the shared expert's tokens per unit past that many (SH units)
+# Chunks of at least BY_EXPERT_TOKENS tokens give each expert one unit (E units) instead of
+# each (token, slot) pair (M·k units, most of them idle past E / k tokens)
+BY_EXPERT_TOKENS = 65
 # K step: 128 against 256 (H200, bench/results/h200-2026-11-30h/zp/): same bits, half the shared
 # memory, faster at every M then (M=64 728.5 -> 641.0 µs)
 BLOCK_K = 128
@@ -43,7 +50,7 @@ BLOCK_N_GATED, BLOCK_N_DOWN = 32, 128  # one width at every M (TILES_BY_TOKENS F
 # (16-row mma tiles), so the bits do not depend on it (gpu_check moe: batch invariance
 # M=1,3,16 vs 64).
 TILES_BY_TOKENS = True
-TILE_N = {True: ((32, 32), (MAX_TOKENS, 64)), False: ((4, 64), (MAX_TOKENS, 128))}  # gated?
+TILE_N = {True: ((32, 32), (1 << 30, 64)), False: ((4, 64), (1 << 30, 128))}  # gated?
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # Chunks of at most SWAP_TOKENS tokens (0: none) compute out^T = W·x^T: the weight tile is the
@@ -52,7 +59,7 @@ DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (
 # operand moves, half the HMMAs, the same bits. H200, µs, 16-row form -> swapped (stages of
 # the TUNE_SWAP* below; plugins/NOTES.md, bench/results/h200-2026-12-01b/nm/ and -01c/nq/):
 # M=1 30.4 -> 25.2, M=4 56.8 -> 50.4, M=16 147.2 -> 137.9, M=64 406.6 -> 384.6.
-SWAP_TOKENS = MAX_TOKENS
+SWAP_TOKENS = 1 << 30    # every chunk
 ROWS_SWAP = 8
 TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
 TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3-8 tokens
@@ -300,22 +307,36 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1,
                        DECODE: tl.constexpr = 1, ONE: tl.constexpr = False,
                        SHARED: tl.constexpr = True, SWAP: tl.constexpr = False,
-                       LOOP: tl.constexpr = False, PDL: tl.constexpr = 0):
-    """Program (n-tile, u[, K range]). SHARED: unit 0 is the shared expert and unit u > 0 the
-    (token, slot) pair r = u - 1 of ids (else r = u): the shared expert's programs, which
-    pass over the weights once per 16 tokens, are the first the GPU starts (the grid's
-    program_id(0) runs fastest). Routed unit r runs only if its expert first appears at r.
+                       LOOP: tl.constexpr = False, SH: tl.constexpr = 1,
+                       SH_TOKENS: tl.constexpr = 64, BY_EXPERT: tl.constexpr = False,
+                       PDL: tl.constexpr = 0):
+    """Program (n-tile, u[, K range]). SHARED: units 0..SH-1 are the shared expert, unit j
+    for tokens [j·SH_TOKENS, (j+1)·SH_TOKENS) (SH > 1 past SH_TOKENS tokens),
+    and unit u >= SH the routed unit r = u - SH (else r = u): the shared expert's programs,
+    which pass over the weights once per row tile, are the first the GPU starts (the grid's
+    program_id(0) runs fastest). Routed unit r is the (token, slot) pair r of ids, run only if
+    its expert first appears at r; BY_EXPERT: expert r, run only if some token picked it.
     SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
     so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
     pdl_enter(PDL)
     u = tl.program_id(1)
-    is_shared = (u == 0) & SHARED
-    r = u - 1 if SHARED else u
-    e = tl.load(ids_ptr + r, mask=(r >= 0) & (r < M * TOPK), other=-1)
-    if ONE:
+    is_shared = (u < SH) & SHARED
+    r = u - SH if SHARED else u
+    if SH > 1:   # shared unit u: its token group as a chunk of its own (rows, outputs, count)
+        sh0 = tl.where(is_shared, u * SH_TOKENS, 0)
+        a_ptr += sh0.to(tl.int64) * sa_m
+        o_ptr += sh0.to(tl.int64) * (TOPK + 1) * so_s
+        M = tl.where(is_shared, tl.minimum(M - sh0, SH_TOKENS), M)
+    uu = tl.arange(0, U_P)
+    if BY_EXPERT:
+        e = tl.where(is_shared, -1, r)
+        picks = tl.load(ids_ptr + uu, mask=uu < M * TOPK, other=-1)
+        first = tl.sum((picks == e).to(tl.int32), 0) > 0
+    elif ONE:
+        e = tl.load(ids_ptr + r, mask=(r >= 0) & (r < M * TOPK), other=-1)
         first = True
     else:
-        uu = tl.arange(0, U_P)
+        e = tl.load(ids_ptr + r, mask=(r >= 0) & (r < M * TOPK), other=-1)
         prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(r, M * TOPK), other=-1)
         first = tl.sum((prev == e).to(tl.int32), 0) == 0
     if first | is_shared:
@@ -351,7 +372,8 @@ def _tune(tokens: int, swap: bool) -> dict:
 
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
                        interpret: bool = False) -> None:
-    """Launch the grouped expert kernel for one chunk of <= 64 tokens (see module docstring).
+    """Launch the grouped expert kernel for one chunk of <= MAX_TOKENS tokens (see module
+    docstring).
 
     a: bf16 input rows (x [M, K] with sa_s = 0, or act [M, k+1, K] with sa_s = its slot stride);
     ids: int32 [M, k]; w: e4m3 [E, 2n|n, K]; ws: fp32 [E]; shw: e4m3 [1, 2n_sh|n_sh, K] or None;
@@ -361,7 +383,9 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     M, topk = ids.shape
     if M > MAX_TOKENS:
         raise ValueError(f"ids: {M} tokens in one launch, at most {MAX_TOKENS}")
-    units = M * topk + (1 if shw is not None else 0)
+    by_expert = M >= BY_EXPERT_TOKENS and M > 1
+    sh = cdiv(M, SHARED_TOKENS) if shw is not None else 0
+    units = (w.shape[0] if by_expert else M * topk) + sh
     bn = block_n_for(n, gated, M)
     n_sh_eff, k_sh_eff = (n_sh, k_sh) if shw is not None else (0, 0)
     grid = (cdiv(max(n, n_sh_eff), bn), units)
@@ -373,7 +397,9 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
-                SWAP=swap, LOOP=TILE_LOOP, interpret=interpret,
+                SWAP=swap, LOOP=TILE_LOOP, SH=max(sh, 1), SH_TOKENS=SHARED_TOKENS,
+                BY_EXPERT=by_expert,
+                interpret=interpret,
                 **_tune(M, swap))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     if split == 1:

@@ -57,11 +57,12 @@ def test_nvfp4_row_tiles_keep_bits(interp, monkeypatch, max_tiles):
     assert torch.equal(nvfp4_gemv(x, *w, interpret=True), want)
 
 
-@pytest.mark.parametrize("swap_rows", [0, 8])
+@pytest.mark.parametrize("swap_rows", [0, 64])
 @pytest.mark.parametrize("mode", ["tensor", "channel", "block"])
 @pytest.mark.parametrize("M,N,K", SHAPES + [(5, 7, 33)])
 def test_fp8_interpreter(interp, monkeypatch, mode, M, N, K, swap_rows):
-    """Both operand orders: fp8_gemv.SWAP_ROWS 8 (the default) takes M <= 8 as W·x^T, 0 never."""
+    """Both operand orders: fp8_gemv.SWAP_ROWS 64 (the default) takes M <= 64 as W·x^T, 0
+    never."""
     if mode == "block" and K % 64:
         pytest.skip("block scales need K % 64 == 0")
     import importlib
@@ -114,16 +115,29 @@ def test_swapped_form_keeps_bits(interp, monkeypatch, M):
 
 @pytest.mark.parametrize("M,rows", [(20, 16), (33, 32), (33, 16)])
 def test_wide_swapped_tiles_keep_bits(interp, monkeypatch, M, rows):
-    """The swapped form past 8 rows (SWAP_ROWS 64, ROWS_SWAP 16 / 32: one row tile per program,
-    several programs along M; timed by bench/wide_swap.py) gives the defaults' bits."""
+    """The swapped form past 8 rows (SWAP_ROWS 64, 16- or 32-row tiles: one row tile per
+    program, several programs along M; fp8_gemv's default, timed by bench/wide_swap.py) gives
+    the 16-row form's bits (SWAP_ROWS 0)."""
     g = T.gen(95 + M)
     x = T.randn((M, 256), g)
     for mod, fn, w in _swap_cases(g):
+        monkeypatch.setattr(mod, "SWAP_ROWS", 0)
         want = fn(x, *w, interpret=True)
         monkeypatch.setattr(mod, "SWAP_ROWS", 64)
-        monkeypatch.setattr(mod, "ROWS_SWAP", rows)
+        if hasattr(mod, "SWAP_TILES"):
+            monkeypatch.setattr(mod, "SWAP_TILES", ((64, rows, 1, 3),))
+        else:
+            monkeypatch.setattr(mod, "ROWS_SWAP", rows)
         assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
         monkeypatch.undo()
+
+
+def test_fp8_swap_tile_by_rows():
+    """fp8_gemv's swapped tiles by M (SWAP_TILES): 8 rows up to 8, 16 up to 32, 32 up to 64."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    assert [f8.swap_tile(m)[0] for m in (1, 8, 9, 32, 33, 64)] == [8, 8, 16, 16, 32, 32]
+    assert f8.swap_tile(20)[1] == dict(num_warps=1, num_stages=3)
 
 
 def test_unknown_decode_mode_raises(monkeypatch):
