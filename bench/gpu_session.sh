@@ -65,6 +65,9 @@
 #       (one unit per expert past 64 tokens, the shared expert in 64-token groups) and fp8_gemv's
 #       swapped tiles up to 64 rows: bench/moe_chunks.py (M = 64-256, bits against chunks of
 #       64), gpu_check moe,fp8gemv,fp8fused,splitk, whole decode + verify steps (no eager)
+#   PART=of bash bench/gpu_session.sh   (~7 min, no engine) the MoE's chunk settings at 16-256
+#       tokens (bench/moe_chunks.py: units by expert or pair, stages, shared groups), gpu_check
+#       moe,splitk, whole decode steps with KOLIBRI_PDL_EARLY moe (the default), then moe,gemv
 #   PART=oc bash bench/gpu_session.sh   (~6 min, no engine) which kernel groups launch the next
 #       kernel early (KOLIBRI_PDL_EARLY, plugins/_common.py): whole decode steps (no eager)
 #       with moe (the default), moe+gemv, moe+norm, moe+attn, moe,gemv,norm,attn, moe again,
@@ -157,7 +160,7 @@ unpack() {  # unpack engines/NAME.tar.xz into engines/ when it was carried (benc
 allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs on the trained
   # default (engine carry-b); then PDL off for the kernel timings that follow
   unpack carry-b
-  step check 175 python3 bench/gpu_check.py \
+  step check 240 python3 bench/gpu_check.py \
     --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
   minichecks 180 35 graphs
   export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
@@ -181,6 +184,17 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  of)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step chunks 200 python3 bench/moe_chunks.py
+    step check 150 python3 bench/gpu_check.py --only moe,splitk
+    unset KOLIBRI_PDL
+    for groups in moe moe,gemv; do
+      KOLIBRI_PDL_EARLY=$groups step "fullsize_${groups//,/_}" 80 python3 bench/fullsize.py \
+        --out "$OUT/fs_${groups//,/_}" --parts decode --budget 45 --no-eager
+    done
+    pack of
+    ;;
   oe)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step chunks 200 python3 bench/moe_chunks.py

@@ -4,13 +4,15 @@
 
     python3 bench/moe_chunks.py [--out DIR]
 
-Per M in 64, 80, 128, 192, 256 (verification passes: streams x tokens per stream), variants of
-(moe_experts.MAX_TOKENS, BY_EXPERT_TOKENS): chunks of 64 with one unit per (token, slot) pair
-(the layout before 2026-12-01e: each chunk reads its experts again), chunks of 128 and of 256
-with one unit per expert from 65 tokens (and from 33 at M = 64), the shared expert in groups of
-SHARED_TOKENS. Every variant's output is compared bit for bit with chunks of 64 (the tiles
-group rows; no output's K order changes). Time as bench/plugins.py (one CUDA graph over 8
-rotated input sets, median of 5 x 20 replays); bytes = router + distinct experts per call +
+Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of the
+moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
+2026-12-01e: each chunk reads its experts again), the defaults (chunks of MAX_TOKENS, one unit
+per expert from BY_EXPERT_TOKENS, the shared expert in groups of SHARED_TOKENS), other unit
+thresholds, stages and shared groups. Every variant's output is compared bit for bit with chunks
+of 64 (the tiles group rows; no output's K order changes). The first version (chunks of 64 /
+128 / 256, units by expert from 65 or 33) ran at 060cfdc: bench/results/h200-2026-12-01e/oe/.
+Time as bench/plugins.py (one CUDA graph over 8 rotated input sets, median of 5 x 20
+replays); bytes = router + distinct experts per call +
 shared + x/y (the least any chunking reads), TB/s and % of the 4.14 TB/s read ceiling.
 JSON: $OUT/moe_chunks.json.
 """
@@ -36,10 +38,20 @@ from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 E, H, INTER, TOPK = 256, 2560, 768, 6
 NEVER = 1 << 30
-MS = (64, 80, 128, 192, 256)
-# (MAX_TOKENS, BY_EXPERT_TOKENS); the first is the reference of the bits
-VARIANTS = [(64, NEVER), (128, 65), (128, NEVER), (256, 65)]
-AT_64 = [(64, 33)]      # one unit per expert at 64 tokens too
+# (M values, label, moe_experts settings); per M the first row that applies is the reference of
+# the bits (chunks of 64, one unit per (token, slot) pair: the layout before 2026-12-01e)
+OLD = dict(MAX_TOKENS=64, BY_EXPERT_TOKENS=NEVER)
+MOST = ME.TUNE_SWAP_MOST
+VARIANTS = [
+    ((16, 32, 48, 64, 80, 128, 192, 256), "chunks of 64, units by pair", OLD),
+    ((16, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
+    ((16, 32, 48), "units by expert from 16", dict(BY_EXPERT_TOKENS=16)),
+    ((32, 48), "units by pair", dict(BY_EXPERT_TOKENS=NEVER)),
+    ((80, 128, 192, 256), "stages 4", dict(TUNE_SWAP_MOST=dict(MOST, num_stages=4))),
+    ((80, 128, 192, 256), "stages 6", dict(TUNE_SWAP_MOST=dict(MOST, num_stages=6))),
+    ((128, 192, 256), "shared in 32-token groups", dict(SHARED_TOKENS=32)),
+    ((128, 256), "shared in 128-token groups", dict(SHARED_TOKENS=128)),
+]
 
 
 def main() -> int:
@@ -48,31 +60,33 @@ def main() -> int:
     ap.parse_args()
     out = PT.out_dir()
     wts = PT.moe_weights(E, H, INTER)
-    saved = ME.MAX_TOKENS, ME.BY_EXPERT_TOKENS
     rows = []
-    for m in MS:
+    for m in sorted({m for ms, _, _ in VARIANTS for m in ms}):
         xs = [torch.randn((m, H), device=PT.DEV).bfloat16() for _ in range(8)]
         nbytes = moe_bytes(xs, wts[0], E, H, INTER, TOPK)
         base = None
-        for v in VARIANTS + (AT_64 if m == 64 else []):
-            ME.MAX_TOKENS, ME.BY_EXPERT_TOKENS = v
+        for ms, label, settings in VARIANTS:
+            if m not in ms:
+                continue
+            saved = {k: getattr(ME, k) for k in settings}
             try:
+                for k, v in settings.items():
+                    setattr(ME, k, v)
                 outs = [moe_forward(x, *wts, top_k=TOPK) for x in xs]
                 base = outs if base is None else base
                 same = all(torch.equal(a, b) for a, b in zip(outs, base))
                 us = PT.time_calls([lambda x=x: moe_forward(x, *wts, top_k=TOPK) for x in xs])
             except Exception as exc:  # one variant's failure must not hide the others
-                print(f"M={m} {v}: FAILED {str(exc)[:300]}", flush=True)
+                print(f"M={m} {label}: FAILED {str(exc)[:300]}", flush=True)
                 continue
             finally:
-                ME.MAX_TOKENS, ME.BY_EXPERT_TOKENS = saved
+                for k, v in saved.items():
+                    setattr(ME, k, v)
             tbs = nbytes / us / 1e6
-            rows.append(dict(M=m, max_tokens=v[0], by_expert_tokens=v[1], us=us,
-                             MB=nbytes / 1e6, TBs=tbs, pct=100 * tbs * 1e12 / PT.BW,
-                             bits_equal=same))
-            print(f"M={m:3d} chunk={v[0]:3d} by_expert_from={'never' if v[1] == NEVER else v[1]:>5} "
-                  f"{us:8.1f} us {nbytes / 1e6:7.1f} MB {tbs:5.2f} TB/s "
-                  f"{100 * tbs * 1e12 / PT.BW:5.1f}%  bits == chunks of 64: {same}", flush=True)
+            rows.append(dict(M=m, variant=label, us=us, MB=nbytes / 1e6, TBs=tbs,
+                             pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))
+            print(f"M={m:3d} {label:30s} {us:8.1f} us {nbytes / 1e6:7.1f} MB {tbs:5.2f} TB/s "
+                  f"{100 * tbs * 1e12 / PT.BW:5.1f}%  bits == first row: {same}", flush=True)
     (out / "moe_chunks.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1
 

@@ -34,11 +34,15 @@ ROWS = 16
 # Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
 # verification pass of 80 tokens in chunks of 64 read ~280 experts per layer instead of ~216
 # (16 streams at 8k, 4 -> 5 tokens per stream 20.5 -> 28.2 ms, h200-2026-12-01d/nx/fullsize.log).
-MAX_TOKENS = 128
+# H200, moe_forward µs at M = 80 / 128 / 192 / 256 (the same bits; bench/moe_chunks.py,
+# bench/results/h200-2026-12-01e/oe/chunks.log): chunks of 64 481.3 / 697.2 / 1021.5 / 1370.0,
+# of 128 388.0 / 440.9 / 782.7 / 897.7, of 256 388.7 / 441.5 / 501.6 / 560.1.
+MAX_TOKENS = 256
 SHARED_TOKENS = 64       # the shared expert's tokens per unit past that many (SH units)
 # Chunks of at least BY_EXPERT_TOKENS tokens give each expert one unit (E units) instead of
-# each (token, slot) pair (M·k units, most of them idle past E / k tokens)
-BY_EXPERT_TOKENS = 65
+# each (token, slot) pair (M·k units, most of them idle past E / k tokens): at M=64 336.7 ->
+# 324.2 µs, at 128 456.0 -> 440.9 (oe/chunks.log)
+BY_EXPERT_TOKENS = 33
 # K step: 128 against 256 (H200, bench/results/h200-2026-11-30h/zp/): same bits, half the shared
 # memory, faster at every M then (M=64 728.5 -> 641.0 µs)
 BLOCK_K = 128

@@ -49,3 +49,30 @@ def interp_rne(interp, monkeypatch):
 
     monkeypatch.setattr(interpreter, "_convert_float", convert)
     return True
+
+
+@pytest.fixture
+def interp_f64_dots(interp, monkeypatch):
+    """``interp`` with the interpreter's dots accumulated in float64, then rounded to the
+    accumulator's dtype.
+
+    Triton 3.6's interpreter runs ``tl.dot`` as numpy's fp32 matmul, whose BLAS kernel (and
+    with it the sum order) depends on the operands' shapes and on the CPU (OpenBLAS picks its
+    kernels at run time): two tilings of the same rows may then differ in the last bit on one
+    machine and not on another. In float64 the sum order changes the result far below fp32's
+    last bit, so tests of "the tiling does not change a row's bits" hold on any CPU; on the
+    GPU the same property is checked by bench/gpu_check.py.
+    """
+    import numpy as np
+    import triton.runtime.interpreter as interpreter
+
+    builder = interpreter.InterpreterBuilder
+    orig = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64))
+        return interpreter.TensorHandle((acc + d.data).astype(d.data.dtype), d.dtype.scalar)
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+    return True

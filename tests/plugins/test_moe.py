@@ -117,9 +117,10 @@ def test_tile_loop_keeps_bits(interp, monkeypatch, M):
 
 @pytest.mark.parametrize("M,shared", [(130, True), (70, False)])
 def test_chunks_and_units_keep_bits(interp, monkeypatch, M, shared):
-    """Chunks of MAX_TOKENS 128 with one unit per expert (BY_EXPERT_TOKENS) and the shared
-    expert in SHARED_TOKENS groups (130 tokens: 3 groups, 20 of them on the same experts) give
-    the bits of chunks of 64 with one unit per (token, slot) pair."""
+    """The default chunks (MAX_TOKENS 256: one chunk here) with one unit per expert
+    (BY_EXPERT_TOKENS) and the shared expert in SHARED_TOKENS groups (130 tokens: 3 groups;
+    20 tokens on the same experts) give the bits of chunks of 64 with one unit per (token,
+    slot) pair."""
     g = T.gen(70 + M)
     wts = T.moe_weights(E, H, I_, IS if shared else 0, g)
     x = T.randn((M, H), g)
@@ -127,8 +128,8 @@ def test_chunks_and_units_keep_bits(interp, monkeypatch, M, shared):
     monkeypatch.setattr(ME, "MAX_TOKENS", 64)
     monkeypatch.setattr(ME, "BY_EXPERT_TOKENS", 1 << 30)
     want = moe_forward(x, *wts, top_k=K, interpret=True)
-    monkeypatch.setattr(ME, "MAX_TOKENS", 128)
-    monkeypatch.setattr(ME, "BY_EXPERT_TOKENS", 65)
+    monkeypatch.undo()
+    assert ME.MAX_TOKENS >= M and ME.BY_EXPERT_TOKENS <= M   # one chunk, units by expert
     assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
 
 

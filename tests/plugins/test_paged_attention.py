@@ -166,9 +166,10 @@ def test_int4_decode_rows_of_a_gqa_group(interp):
         assert T.rel_err(out, ref) < INTERP_TOL, qlens
 
 
-def test_int4_verify_rows_per_program_same_bits(interp):
+def test_int4_verify_rows_per_program_same_bits(interp_f64_dots):
     """Verification rows in 32-row programs (ROWS_MAX 32: 1 + 3 tokens x GQA 5 in one program)
-    give the bits of 16-row ones: each row's sums run in the same order whatever the tile."""
+    give the bits of 16-row ones: each row's sums run in the same order whatever the tile
+    (the interpreter's dots in float64: its fp32 matmul's order follows the CPU's BLAS)."""
     g = T.gen(62)
     seqs, qlens = [5, 40, 71], [1, 4, 2]
     bt, sl, cu, nb = T.paged_layout(seqs, qlens, 16, g)
