@@ -162,7 +162,7 @@ allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs o
   unpack carry-b
   step check 240 python3 bench/gpu_check.py \
     --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
-  minichecks 180 35 graphs
+  minichecks 230 60 graphs
   export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
 }
 
