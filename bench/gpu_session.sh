@@ -79,10 +79,9 @@
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
-#   PART=nr bash bench/gpu_session.sh   (~6 min, no engine) Nsight Compute on the swapped kernels
-#       (MoE at one token, NVFP4 LM head at one row, fp8_gemv QKV at 1 row) and fp8_gemv at 64
-#       rows (WIDE_TILES); bench/gemv_tune.py --kernels fp8tiles,router (fp8_gemv's tiles at
-#       16 and 64 rows incl. block scales; the router's splits and top-k warps)
+#   PART=nr bash bench/gpu_session.sh   (~5 min, no engine) Nsight Compute on the MoE experts at
+#       one token and at 256 (units by expert), the NVFP4 LM head at one row, fp8_gemv QKV at 1
+#       and 64 rows (swapped, 32-row tiles)
 #
 # The tracked tree (43 MB with checkpoints/) plus a carry must stay under 64 MiB, so the engines
 # travel as xz archives (the two gpu-small engines share most bytes: 12.6 MB together), made here:
@@ -237,10 +236,10 @@ case "${PART:-}" in
   nr)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     ncuprof moe_m1 _moe_expert_kernel 2
+    ncuprof moe_m256 _moe_expert_kernel 2
     ncuprof nvfp4_m1 _nvfp4_gemv_kernel 1
     ncuprof qkv_m1 _fp8_gemv_kernel 1
     ncuprof qkv_m64 _fp8_gemv_kernel 1
-    step tune 150 python3 bench/gemv_tune.py --kernels fp8tiles,router
     pack nr
     ;;
   a)

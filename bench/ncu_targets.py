@@ -6,7 +6,7 @@
 
 TARGET is one of TARGETS (below): INT4 / FP8 full-causal attention at B=16, 32k (decode, and
 for INT4 also 4 query tokens per stream and 16-token pages), FP8 sliding-window attention
-(window 513) at B=1, moe_forward at one token, the NVFP4 LM head at one row, fp8_gemv at QKV's
+(window 513) at B=1, moe_forward at one token and at 256 (one chunk, units by expert), the NVFP4 LM head at one row, fp8_gemv at QKV's
 shape (one and 64 rows) and qk_norm_fold_int4 at one token. Each runs LAUNCHES launches eagerly
 (no CUDA graph: ncu profiles launch by launch) with the inputs bench/plugins.py uses (random
 codes, random paged tables). `bench/gpu_session.sh` parts `na` and `nr` profile them and write
@@ -96,6 +96,7 @@ TARGETS = {  # name -> (kernel-name regex for ncu, builder)
     "fp8_b16": ("_fp8_attn_kernel", lambda: attn_call("fp8", 16, 1)),
     "sliding_b1": ("_fp8_attn_kernel", lambda: attn_call("fp8", 1, 1, window=513)),
     "moe_m1": ("_moe_expert_kernel", lambda: moe_call(1)),
+    "moe_m256": ("_moe_expert_kernel", lambda: moe_call(256)),
     "nvfp4_m1": ("_nvfp4_gemv_kernel", lambda: nvfp4_call(1)),
     "qkv_m1": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(1)),
     "qkv_m64": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(64)),
