@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import multiprocessing
 import shutil
 
@@ -44,8 +45,14 @@ from kolibri_trt.runtime.tp_worker import TPError
 
 # Measured on this machine (torch 2.13 CPU; 5 Spec-Bench prompts, 16 greedy tokens each with
 # copy+drafter): teacher-forced top-1 agreement of TP2 with TP1 over the 4 shorter prompts plus
-# TP1's continuation (295 rows). bf16 greedy outputs: 5/5 identical (asserted exactly).
+# TP1's continuation (295 rows). bf16 greedy outputs: 5/5 identical on the CPU where the bounds
+# were set, 4/5 on an AMD EPYC (torch's CPU matmuls sum in an order chosen by the CPU): an
+# output may differ only where TP1's two candidates are a near-tie (BF16_TIE_LOGIT).
 BF16_MIN_TOP1 = 0.98        # bf16 weights and KV: measured 0.9966 (294 / 295 rows)
+# TP1's logit of its own greedy token minus that of TP2's at the first differing position, in
+# bf16 ulps of that logit (the head's outputs are bf16 values): measured 1 ulp (0.0156 at a
+# logit of ~3) on the AMD EPYC; 2 still is the next representable value but one
+BF16_TIE_ULPS = 2
 QUANT_MIN_TOP1 = 0.95       # FP8 + NVFP4 head + rotated INT4 KV: measured 0.9797 (289 / 295)
 # generated tokens equal to TP1's up to the first difference, summed over the prompts:
 QUANT_MIN_TOKEN_PREFIX = 0.6  # measured 0.725, 3/5 outputs identical (INT4 codes amplify flips)
@@ -138,17 +145,40 @@ def _run(engines, key, impl="auto", inspect=lambda llm: None):
         top1, mean_diff, rows = _agreement(tp1, tp2, ref)
     print(f"{key} {impl}: teacher-forced top-1 {top1:.4f} of {rows} rows, mean |dlogit| "
           f"{mean_diff:.2e}")
-    return ref, got, top1
+    tp1.last_margins = _flip_margins(tp1, ref, got)
+    return ref, got, top1, tp1
+
+
+def _flip_margins(tp1: LLM, ref, got) -> list[float]:
+    """Per output that differs from TP1's: TP1's teacher-forced logit of its own token minus
+    that of TP2's token at the first differing position (>= 0: TP1 chose its argmax), in bf16
+    ulps of TP1's logit."""
+    margins = []
+    for r, g in zip(ref, got):
+        j = next((i for i, (s, t) in enumerate(zip(r.token_ids, g.token_ids)) if s != t), None)
+        if j is None:
+            continue
+        row = tp1.engine.score(r.prompt_token_ids + r.token_ids)[len(r.prompt_token_ids) + j - 1]
+        top = row[r.token_ids[j]]
+        ulp = 2.0 ** (math.floor(math.log2(abs(float(top)) or 1.0)) - 7)   # bf16: 8-bit mantissa
+        margins.append(float(top - row[g.token_ids[j]]) / ulp)
+    return margins
 
 
 def test_tp2_bf16_gives_the_greedy_tokens_of_tp1(engines):
-    ref, got, top1 = _run(engines, "bf16")
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    """Every greedy output equals TP1's, or differs first where TP1's two candidates were a
+    near-tie (the all-reduce sums the partial products in another order than one rank)."""
+    ref, got, top1, tp1 = _run(engines, "bf16")
+    same = sum(o.token_ids == r.token_ids for o, r in zip(got, ref))
+    print(f"bf16: {same}/{len(ref)} outputs identical, flip margins (bf16 ulps) "
+          f"{tp1.last_margins}")
+    assert same >= len(ref) - 1
+    assert all(0 <= m <= BF16_TIE_ULPS for m in tp1.last_margins), tp1.last_margins
     assert top1 >= BF16_MIN_TOP1
 
 
 def test_tp2_quantized_agrees_with_tp1(engines):
-    ref, got, top1 = _run(engines, "quant")
+    ref, got, top1, _ = _run(engines, "quant")
     prefix = _prefix_agreement(ref, got)
     equal = sum(a.token_ids == b.token_ids for a, b in zip(ref, got))
     print(f"quant: {equal}/{len(ref)} outputs equal, token prefix {prefix:.3f}")
@@ -165,7 +195,7 @@ def test_tp2_kernel_path_agrees_with_tp1_kernel_path(engines):
         assert isinstance(runner, PluginRunner) and runner.model.all_reduce is not None
         assert runner.model.config.num_key_value_heads == 1 and runner.model.head is not None
 
-    ref, got, top1 = _run(engines, "quant", "plugins", inspect)
+    ref, got, top1, _ = _run(engines, "quant", "plugins", inspect)
     prefix = _prefix_agreement(ref, got)
     equal = sum(a.token_ids == b.token_ids for a, b in zip(ref, got))
     print(f"quant plugins: {equal}/{len(ref)} outputs equal, token prefix {prefix:.3f}")
