@@ -2,9 +2,9 @@
 # One H200 device call per part: check and time what changed in the kernel path since the last
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
-# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, and the k*, l*,
-# m*, n* parts and cc, fz, gb, gk, st, tr, zu) were removed once their results were written up:
-# each results README (bench/results/*/README.md) names the commit whose bench/gpu_session.sh
+# root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
+# n* parts, oa, od, oe, of and cc, fz, gb, gk, st, tr, zu) were removed once their results were
+# written up: each results README (bench/results/*/README.md) names the commit whose bench/gpu_session.sh
 # holds the part it ran.
 #
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
@@ -59,23 +59,10 @@
 #       (plugins/chain_index.py): gpu_check chainindex (+ the drafter's other kernels), PART
 #       tl's timeline and paired split, the in-process chat + German eval (8 prompts greedy,
 #       medians of 3; 4 prompts T = 0.8, medians of 2) (~6 min).  carry: engines/carry-b.tar.xz
-#   PART=oa bash bench/gpu_session.sh   (~3 min, no engine) PDL mode 4 with the MoE's early launch
-#       up to 16 tokens, the default now: gpu_check moe, whole decode steps (no eager)
-#   PART=oe bash bench/gpu_session.sh   (~6 min, no engine) the MoE in chunks of 128 tokens
-#       (one unit per expert past 64 tokens, the shared expert in 64-token groups) and fp8_gemv's
-#       swapped tiles up to 64 rows: bench/moe_chunks.py (M = 64-256, bits against chunks of
-#       64), gpu_check moe,fp8gemv,fp8fused,splitk, whole decode + verify steps (no eager)
-#   PART=of bash bench/gpu_session.sh   (~7 min, no engine) the MoE's chunk settings at 16-256
-#       tokens (bench/moe_chunks.py: units by expert or pair, stages, shared groups), gpu_check
-#       moe,splitk, whole decode steps with KOLIBRI_PDL_EARLY moe (the default), then moe,gemv
 #   PART=oc bash bench/gpu_session.sh   (~6 min, no engine) which kernel groups launch the next
 #       kernel early (KOLIBRI_PDL_EARLY, plugins/_common.py): whole decode steps (no eager)
 #       with moe (the default), moe+gemv, moe+norm, moe+attn, moe,gemv,norm,attn, moe again,
 #       then the default groups up to 32 tokens
-#   PART=od bash bench/gpu_session.sh   (~7 min, no engine) the swapped GEMV form past 8 rows
-#       (bench/wide_swap.py: fp8_gemv and nvfp4_gemv at 16-64 rows in 16/32/64-row tiles, bits
-#       checked), then gpu_check fp8gemv,nvfp4 with fp8_gemv's and nvfp4_gemv's swap up to 64
-#       rows in 32-row tiles
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
@@ -183,32 +170,6 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  of)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step chunks 200 python3 bench/moe_chunks.py
-    step check 150 python3 bench/gpu_check.py --only moe,splitk
-    unset KOLIBRI_PDL
-    for groups in moe moe,gemv; do
-      KOLIBRI_PDL_EARLY=$groups step "fullsize_${groups//,/_}" 80 python3 bench/fullsize.py \
-        --out "$OUT/fs_${groups//,/_}" --parts decode --budget 45 --no-eager
-    done
-    pack of
-    ;;
-  oe)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step chunks 200 python3 bench/moe_chunks.py
-    step check 130 python3 bench/gpu_check.py --only moe,fp8gemv,fp8fused,splitk
-    unset KOLIBRI_PDL
-    step fullsize 180 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify \
-      --budget 110 --no-eager
-    pack oe
-    ;;
-  oa)
-    step check 100 python3 bench/gpu_check.py --only moe
-    step fullsize 90 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --budget 55 \
-      --no-eager
-    pack oa
-    ;;
   oc)
     local_i=0
     for groups in moe moe,gemv moe,norm moe,attn moe,gemv,norm,attn moe; do
@@ -219,14 +180,6 @@ case "${PART:-}" in
     KOLIBRI_PDL_EARLY_TOKENS=32 step fullsize_tokens32 80 python3 bench/fullsize.py \
       --out "$OUT/fs_tokens32" --parts decode --budget 50 --no-eager
     pack oc
-    ;;
-  od)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step wide 400 python3 bench/wide_swap.py
-    step check_wide 120 python3 bench/gpu_check.py --only fp8gemv,nvfp4 \
-      --set fp8_gemv.SWAP_ROWS=64 --set fp8_gemv.ROWS_SWAP=32 \
-      --set nvfp4_gemv.SWAP_ROWS=64 --set nvfp4_gemv.ROWS_SWAP=32
-    pack od
     ;;
   ob)
     allchecks
