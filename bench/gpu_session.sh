@@ -4,8 +4,8 @@
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
 # n* parts, oa, od, oe, of and cc, fz, gb, gk, st, tr, zu) were removed once their results were
-# written up: each results README (bench/results/*/README.md) names the commit whose bench/gpu_session.sh
-# holds the part it ran.
+# written up: each results README (bench/results/*/README.md) names the commit whose
+# bench/gpu_session.sh holds the part it ran.
 #
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
