@@ -66,6 +66,8 @@
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
+#   PART=og bash bench/gpu_session.sh   (~2 min, no engine) the MoE's n-tiles past 64 tokens and K
+#       split at 1-4 tokens (bench/moe_chunks.py --variants tiles, bits against the defaults)
 #   PART=nr bash bench/gpu_session.sh   (~5 min, no engine) Nsight Compute on the MoE experts at
 #       one token and at 256 (units by expert), the NVFP4 LM head at one row, fp8_gemv QKV at 1
 #       and 64 rows (swapped, 32-row tiles)
@@ -170,6 +172,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  og)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step tiles 150 python3 bench/moe_chunks.py --variants tiles
+    pack og
+    ;;
   oc)
     local_i=0
     for groups in moe moe,gemv moe,norm moe,attn moe,gemv,norm,attn moe; do

@@ -2,7 +2,7 @@
 """moe_forward past 64 tokens on the H200: chunk size and unit layout, full Kolibri-1 MoE shapes
 (E = 256, top-6, H = 2560, I = 768, one shared expert). One call:
 
-    python3 bench/moe_chunks.py [--out DIR]
+    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles]
 
 Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of the
 moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
@@ -53,19 +53,35 @@ VARIANTS = [
     ((128, 256), "shared in 128-token groups", dict(SHARED_TOKENS=128)),
 ]
 
+# --variants tiles: the launch shapes the Nsight Compute run pointed at (nr/): down n-tiles of
+# 256 past 64 tokens (its 5,200 programs at 256 tokens each scan the ids for 6 K steps), and K
+# split in two at 1-4 tokens (twice the programs; plus the split's combine kernel)
+TILES = [
+    ((1, 4, 128, 256), "defaults", {}),
+    ((128, 256), "down n-tiles 256 past 64 tokens",
+     dict(TILE_N={True: ME.TILE_N[True], False: ((4, 64), (64, 128), (1 << 30, 256))})),
+    ((128, 256), "gate/up n-tiles 128 past 64 tokens",
+     dict(TILE_N={True: ((32, 32), (64, 64), (1 << 30, 128)), False: ME.TILE_N[False]})),
+    ((1, 4), "K split in 2 (gate/up and down)", dict(SPLIT_K_GATED=2, SPLIT_K_DOWN=2)),
+    ((1, 4), "K split in 2 (gate/up)", dict(SPLIT_K_GATED=2)),
+]
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp)")
-    ap.parse_args()
+    ap.add_argument("--variants", choices=("chunks", "tiles"), default="chunks",
+                    help="chunks: VARIANTS (chunk size, units, stages, shared groups); tiles: TILES")
+    args = ap.parse_args()
+    variants = VARIANTS if args.variants == "chunks" else TILES
     out = PT.out_dir()
     wts = PT.moe_weights(E, H, INTER)
     rows = []
-    for m in sorted({m for ms, _, _ in VARIANTS for m in ms}):
+    for m in sorted({m for ms, _, _ in variants for m in ms}):
         xs = [torch.randn((m, H), device=PT.DEV).bfloat16() for _ in range(8)]
         nbytes = moe_bytes(xs, wts[0], E, H, INTER, TOPK)
         base = None
-        for ms, label, settings in VARIANTS:
+        for ms, label, settings in variants:
             if m not in ms:
                 continue
             saved = {k: getattr(ME, k) for k in settings}
