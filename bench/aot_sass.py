@@ -44,7 +44,8 @@ PRESETS = {
         shs_ptr="*fp32", o_ptr="*bf16", M="i32", N="i32", K="i32", N_SH="i32", K_SH="i32",
         sa_m="i32", sa_s="i32", so_s="i32", sp_s="i32", sp_g="i32", TOPK=6, GATED=True,
         BLOCK_N=32, BLOCK_K=128, ROWS=16, MT=1, M_P=16, K_P=8, U_P=16, DOT_F32=False, SPLIT=1,
-        DECODE=3, ONE=False, SHARED=True, SH=1, SH_TOKENS=64, BY_EXPERT=False),
+        DECODE=3, ONE=False, SHARED=True, SH=1, SH_TOKENS=64, BY_EXPERT=False,
+        ALIGNED=False),
         ("a_ptr", "ids_ptr", "w_ptr", "ws_ptr", "shw_ptr", "shs_ptr", "o_ptr", "N", "K", "N_SH",
          "K_SH", "sa_m", "sa_s", "so_s")),
     "fp8_qkv": ("fp8_gemv", "_fp8_gemv_kernel", dict(

@@ -51,6 +51,7 @@ VARIANTS = [
     ((80, 128, 192, 256), "stages 6", dict(TUNE_SWAP_MOST=dict(MOST, num_stages=6))),
     ((128, 192, 256), "shared in 32-token groups", dict(SHARED_TOKENS=32)),
     ((128, 256), "shared in 128-token groups", dict(SHARED_TOKENS=128)),
+    ((48, 64, 80, 128, 192, 256), "row lists from 33 (moe_align)", dict(ALIGN_TOKENS=33)),
 ]
 
 # --variants tiles: the launch shapes the Nsight Compute run pointed at (nr/): down n-tiles of

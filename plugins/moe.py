@@ -17,6 +17,7 @@ import torch
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
 from ._common import early_launch, pdl_enter, pdl_release
 from . import moe_experts
+from .moe_align import launch_moe_align
 from .moe_experts import launch_moe_experts
 from .moe_route import launch_moe_route, moe_route_ref
 
@@ -85,10 +86,12 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
         act = torch.empty((n, top_k + 1, max(inter, inter_sh)), dtype=torch.bfloat16,
                           device=x.device)
         out = torch.empty((n, top_k + 1, H), dtype=torch.float32, device=x.device)
+        rows = (launch_moe_align(idc, w13.shape[0], interpret)
+                if n >= moe_experts.ALIGN_TOKENS else None)
         launch_moe_experts(xc, idc, w13, w13_scale, sw13, sw13_s, act, inter, inter_sh, H, H,
-                           True, 0, interpret)
+                           True, 0, interpret, rows)
         launch_moe_experts(act, idc, w2, w2_scale, sw2, sw2_s, out, H, H, inter, inter_sh, False,
-                           act.stride(1), interpret)
+                           act.stride(1), interpret, rows)
         launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc, H, out.stride(0),
                out.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
                num_warps=4, interpret=interpret, pdl_early=early_launch("moe", n))

@@ -29,6 +29,7 @@ from ._common import early_launch, pdl_enter, pdl_release
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
+from ._moe_rows import _expert_count, _rows, _scan_rows
 
 ROWS = 16
 # Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
@@ -43,6 +44,12 @@ SHARED_TOKENS = 64       # the shared expert's tokens per unit past that many (S
 # each (token, slot) pair (M·k units, most of them idle past E / k tokens): at M=64 336.7 ->
 # 324.2 µs, at 128 456.0 -> 440.9 (oe/chunks.log)
 BY_EXPERT_TOKENS = 33
+# Chunks of at least ALIGN_TOKENS tokens (>= BY_EXPERT_TOKENS) read each expert's rows from
+# lists made once per chunk (plugins/moe_align.py: one more launch) instead of every program
+# scanning the chunk's ids (at 256 tokens the down projection's 5,200 programs scan 1,536 ids
+# each for 6 K steps of work, Nsight Compute h200-2026-12-01e/nr/). The same rows in the same
+# order: the same bits. Not yet timed on the H200: off.
+ALIGN_TOKENS = 1 << 30
 # K step: 128 against 256 (H200, bench/results/h200-2026-11-30h/zp/): same bits, half the shared
 # memory, faster at every M then (M=64 728.5 -> 641.0 µs)
 BLOCK_K = 128
@@ -80,78 +87,29 @@ SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/pl
 
 
 @jit
-def _tile_rows(ids_ptr, e, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
-               K_P: tl.constexpr, ROWS: tl.constexpr):
-    """Token index, slot and validity of the ROWS rows of tile t of expert e."""
-    mm = tl.arange(0, M_P)
-    kk = tl.arange(0, K_P)
-    ids = tl.load(ids_ptr + mm[:, None] * TOPK + kk[None, :],
-                  mask=(mm < M)[:, None] & (kk < TOPK)[None, :], other=-1)
-    match = ids == e
-    has = tl.sum(match.to(tl.int32), 1) > 0
-    slot = tl.sum(tl.where(match, kk[None, :], 0), 1)
-    pos = tl.cumsum(has.to(tl.int32), 0) - 1
-    jj = t * ROWS + tl.arange(0, ROWS)
-    sel = has[None, :] & (pos[None, :] == jj[:, None])
-    tok = tl.sum(tl.where(sel, mm[None, :], 0), 1)
-    tslot = tl.sum(tl.where(sel, slot[None, :], 0), 1)
-    valid = tl.sum(sel.to(tl.int32), 1) > 0
-    tok = tl.where(is_shared, jj, tok)
-    tslot = tl.where(is_shared, TOPK, tslot)
-    valid = tl.where(is_shared, jj < M, valid)
-    count = tl.where(is_shared, M, tl.sum(has.to(tl.int32), 0))
-    return tok, tslot, valid, count
-
-
-@jit
-def _rows(ids_ptr, e, r, M, t, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
-          K_P: tl.constexpr, ROWS: tl.constexpr, ONE: tl.constexpr):
-    """`_tile_rows`; ONE (a chunk of one token): routed unit r is slot r of token 0 and its
-    expert appears once (top-k picks distinct experts), so row 0 of tile 0 is the only row:
-    no scan."""
-    if ONE:
-        jj = t * ROWS + tl.arange(0, ROWS)
-        slot = tl.where(is_shared, TOPK, r)
-        return tl.zeros([ROWS], tl.int32), tl.zeros([ROWS], tl.int32) + slot, jj == 0, 1
-    return _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P, ROWS)
-
-
-@jit
-def _expert_count(ids_ptr, e, M, is_shared, TOPK: tl.constexpr, M_P: tl.constexpr,
-                  K_P: tl.constexpr):
-    """Tokens of the chunk that picked expert e (M for the shared expert)."""
-    mm = tl.arange(0, M_P)
-    kk = tl.arange(0, K_P)
-    ids = tl.load(ids_ptr + mm[:, None] * TOPK + kk[None, :],
-                  mask=(mm < M)[:, None] & (kk < TOPK)[None, :], other=-1)
-    has = tl.sum((ids == e).to(tl.int32), 1) > 0
-    return tl.where(is_shared, M, tl.sum(has.to(tl.int32), 0))
-
-
-@jit
 def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
                SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr,
-               SWAP: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr):
     """Row tile t (a compile-time constant) of one expert on this program's n-tile. Tile 0
     always has rows; a later tile first counts the expert's tokens and scans for its rows only
     when it has some (an expert rarely has more than 16 tokens: at 64 tokens most programs
     skipped three row scans)."""
     if t == 0:
         tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P, ROWS,
-                                         ONE)
+                                         ONE, ALIGNED)
         _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
                    M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED, BLOCK_N,
-                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP)
+                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED)
     else:
-        if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P) > t * ROWS:
+        if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED) > t * ROWS:
             tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
-                                             ROWS, ONE)
+                                             ROWS, ONE, ALIGNED)
             _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                        t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
-                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP)
+                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED)
 
 
 @jit
@@ -160,7 +118,7 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                ROWS: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
                DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-               SWAP: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr):
     """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
     The K loop holds no branch, so Triton pipelines its loads (cp.async; a branch inside kept
     it from doing so: plugins/NOTES_HISTORY.md, 2026-11-30g). A second row tile re-reads the
@@ -179,8 +137,8 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                             BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE)
     if M_P > ROWS:  # several row tiles: the rows again (kept live across the loop they cost
         #             registers: AOT sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
-        tok, tslot, valid, count = _tile_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
-                                              ROWS)
+        tok, tslot, valid, count = _scan_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
+                                              ROWS, ALIGNED)
     _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
                 GATED, SPLIT)
 
@@ -267,7 +225,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr):
+          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr, ALIGNED: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per row tile. LOOP
     (TILE_LOOP): the row tiles after the first as a runtime loop over the expert's tiles (one
@@ -287,19 +245,21 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
         if LOOP and MT > 2:
             _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, 0,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
-            tiles = tl.cdiv(_expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P), ROWS)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED)
+            tiles = tl.cdiv(_expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED),
+                            ROWS)
             for t in range(1, tiles):
                 tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
-                                                 ROWS, ONE)
+                                                 ROWS, ONE, ALIGNED)
                 _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                            t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
-                           BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP)
+                           BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP,
+                           ALIGNED)
         else:
             for t in tl.static_range(MT):
                 _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out,
                            k_in, t, M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N,
-                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP)
+                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED)
 
 
 @jit
@@ -313,7 +273,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        SHARED: tl.constexpr = True, SWAP: tl.constexpr = False,
                        LOOP: tl.constexpr = False, SH: tl.constexpr = 1,
                        SH_TOKENS: tl.constexpr = 64, BY_EXPERT: tl.constexpr = False,
-                       PDL: tl.constexpr = 0):
+                       ALIGNED: tl.constexpr = False, PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: units 0..SH-1 are the shared expert, unit j
     for tokens [j·SH_TOKENS, (j+1)·SH_TOKENS) (SH > 1 past SH_TOKENS tokens),
     and unit u >= SH the routed unit r = u - SH (else r = u): the shared expert's programs,
@@ -321,7 +281,8 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     program_id(0) runs fastest). Routed unit r is the (token, slot) pair r of ids, run only if
     its expert first appears at r; BY_EXPERT: expert r, run only if some token picked it.
     SPLIT > 1: o_ptr is the fp32 partial buffer (split stride sp_s, up at +sp_g, slot stride
-    so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units)."""
+    so_s); program_id(2) is the K range. ONE: M == 1 (no duplicate units). ALIGNED (with
+    BY_EXPERT): ids_ptr is the chunk's per-expert row lists (plugins/moe_align.py), not ids."""
     pdl_enter(PDL)
     u = tl.program_id(1)
     is_shared = (u < SH) & SHARED
@@ -332,7 +293,10 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
         o_ptr += sh0.to(tl.int64) * (TOPK + 1) * so_s
         M = tl.where(is_shared, tl.minimum(M - sh0, SH_TOKENS), M)
     uu = tl.arange(0, U_P)
-    if BY_EXPERT:
+    if ALIGNED:
+        e = tl.where(is_shared, -1, r)
+        first = _expert_count(ids_ptr, e, M, False, TOPK, M_P, K_P, True) > 0
+    elif BY_EXPERT:
         e = tl.where(is_shared, -1, r)
         picks = tl.load(ids_ptr + uu, mask=uu < M * TOPK, other=-1)
         first = tl.sum((picks == e).to(tl.int32), 0) > 0
@@ -346,7 +310,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED)
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
@@ -375,19 +339,27 @@ def _tune(tokens: int, swap: bool) -> dict:
 
 
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
-                       interpret: bool = False) -> None:
+                       interpret: bool = False, expert_rows=None) -> None:
     """Launch the grouped expert kernel for one chunk of <= MAX_TOKENS tokens (see module
     docstring).
 
     a: bf16 input rows (x [M, K] with sa_s = 0, or act [M, k+1, K] with sa_s = its slot stride);
     ids: int32 [M, k]; w: e4m3 [E, 2n|n, K]; ws: fp32 [E]; shw: e4m3 [1, 2n_sh|n_sh, K] or None;
     shs: fp32 [1]; out: bf16 act [M, k+1, >= n] (gated) or fp32 [M, k+1, >= n] (down).
+    expert_rows: None, or the chunk's per-expert row lists int32 [E, M + 1]
+    (plugins/moe_align.py) read instead of scanning ids: only for chunks of BY_EXPERT_TOKENS
+    tokens or more.
     With split_k_for(...) > 1: the expert kernel over (n-tiles, units, S), then the combine.
+    Raises: ValueError on more than MAX_TOKENS tokens, or rows for a chunk whose units are
+    (token, slot) pairs.
     """
     M, topk = ids.shape
     if M > MAX_TOKENS:
         raise ValueError(f"ids: {M} tokens in one launch, at most {MAX_TOKENS}")
     by_expert = M >= BY_EXPERT_TOKENS and M > 1
+    if expert_rows is not None and not by_expert:
+        raise ValueError(f"expert_rows: per-expert lists need units by expert ({M} tokens < "
+                         f"BY_EXPERT_TOKENS {BY_EXPERT_TOKENS}; ALIGN_TOKENS {ALIGN_TOKENS})")
     sh = cdiv(M, SHARED_TOKENS) if shw is not None else 0
     units = (w.shape[0] if by_expert else M * topk) + sh
     bn = block_n_for(n, gated, M)
@@ -402,19 +374,19 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
                 SWAP=swap, LOOP=TILE_LOOP, SH=max(sh, 1), SH_TOKENS=SHARED_TOKENS,
-                BY_EXPERT=by_expert,
-                interpret=interpret,
+                BY_EXPERT=by_expert, ALIGNED=expert_rows is not None, interpret=interpret,
                 **_tune(M, swap))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
+    lookup = ids if expert_rows is None else expert_rows
     if split == 1:
-        launch(_moe_expert_kernel, grid, a, ids, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
+        launch(_moe_expert_kernel, grid, a, lookup, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
                a.stride(0), sa_s, out.stride(1), 0, 0,
                pdl_early=early_launch("moe", M), **meta)
         return
     width = max(n, n_sh_eff)
     part = torch.empty((split, 2 if gated else 1, M, topk + 1, width), dtype=torch.float32,
                        device=out.device)
-    launch(_moe_expert_kernel, grid + (split,), a, ids, w, ws, shw, shs, part, M, n, k, n_sh, k_sh,
-           a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split,
+    launch(_moe_expert_kernel, grid + (split,), a, lookup, w, ws, shw, shs, part, M, n, k, n_sh,
+           k_sh, a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split,
            pdl_early=early_launch("moe", M), **meta)
     launch_split_combine(part, ids, ws, shs, out, n, n_sh_eff, gated, split, interpret)

@@ -7,6 +7,7 @@ import importlib
 
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
+from kolibri_trt_plugins.moe_align import moe_align, moe_align_ref
 from kolibri_trt_plugins.moe_route import moe_route, moe_route_ref
 
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
@@ -131,6 +132,39 @@ def test_chunks_and_units_keep_bits(interp, monkeypatch, M, shared):
     monkeypatch.undo()
     assert ME.MAX_TOKENS >= M and ME.BY_EXPERT_TOKENS <= M   # one chunk, units by expert
     assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
+
+
+def test_align_interpreter_matches_reference(interp):
+    """moe_align's per-expert lists (count, then m·(k+1) + slot in token order) equal the
+    reference's up to each count."""
+    g = T.gen(80)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(37)]).to(torch.int32)
+    got, ref = moe_align(ids, E, interpret=True), moe_align_ref(ids, E)
+    for e in range(E):
+        c = int(ref[e, 0])
+        assert torch.equal(got[e, :1 + c], ref[e, :1 + c]), e
+
+
+@pytest.mark.parametrize("M,shared", [(130, True), (40, False)])
+def test_expert_row_lists_keep_bits(interp, monkeypatch, M, shared):
+    """The experts reading per-expert row lists (ALIGN_TOKENS: moe_align once per chunk)
+    instead of scanning ids in every program give the same bits (the same rows, in order)."""
+    g = T.gen(90 + M)
+    wts = T.moe_weights(E, H, I_, IS if shared else 0, g)
+    x = T.randn((M, H), g)
+    x[:20] = x[0]
+    want = moe_forward(x, *wts, top_k=K, interpret=True)
+    monkeypatch.setattr(ME, "ALIGN_TOKENS", ME.BY_EXPERT_TOKENS)
+    assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
+
+
+def test_row_lists_need_units_by_expert(interp, monkeypatch):
+    """Row lists for a chunk served by (token, slot) units raise, naming the setting."""
+    monkeypatch.setattr(ME, "ALIGN_TOKENS", 2)
+    g = T.gen(2)
+    wts = T.moe_weights(E, H, I_, IS, g)
+    with pytest.raises(ValueError, match="^expert_rows:.*ALIGN_TOKENS"):
+        moe_forward(T.randn((3, H), g), *wts, top_k=K, interpret=True)
 
 
 def test_errors_name_the_argument():
