@@ -6,8 +6,9 @@
 
 TARGET is one of TARGETS (below): INT4 / FP8 full-causal attention at B=16, 32k (decode, and
 for INT4 also 4 query tokens per stream and 16-token pages), FP8 sliding-window attention
-(window 513) at B=1, moe_forward at one token and at 256 (one chunk, units by expert), the NVFP4 LM head at one row, fp8_gemv at QKV's
-shape (one and 64 rows) and qk_norm_fold_int4 at one token. Each runs LAUNCHES launches eagerly
+(window 513) at B=1, moe_forward at one token and at 256 (one chunk, units by expert; also
+with per-expert row lists), the NVFP4 LM head at one row, fp8_gemv at QKV's shape (one and 64
+rows) and qk_norm_fold_int4 at one token. Each runs LAUNCHES launches eagerly
 (no CUDA graph: ncu profiles launch by launch) with the inputs bench/plugins.py uses (random
 codes, random paged tables). `bench/gpu_session.sh` parts `na` and `nr` profile them and write
 each report's details and per-instruction source counters as text.
@@ -57,7 +58,11 @@ def attn_call(kind: str, B: int, q_len: int, window: int = 0, block: int = BLK):
     return lambda: fp8_paged_attention(q, kf, vf, one, one, bt, sl, cu, CTX, q_len, window=window)
 
 
-def moe_call(M: int):
+def moe_call(M: int, align_tokens: int | None = None):
+    """moe_forward at M tokens; align_tokens: moe_experts.ALIGN_TOKENS for this process."""
+    if align_tokens is not None:
+        import importlib
+        importlib.import_module("kolibri_trt_plugins.moe_experts").ALIGN_TOKENS = align_tokens
     wts = PT.moe_weights()
     x = torch.randn((M, 2560), device=DEV).bfloat16()
     return lambda: moe_forward(x, *wts, top_k=6)
@@ -97,6 +102,7 @@ TARGETS = {  # name -> (kernel-name regex for ncu, builder)
     "sliding_b1": ("_fp8_attn_kernel", lambda: attn_call("fp8", 1, 1, window=513)),
     "moe_m1": ("_moe_expert_kernel", lambda: moe_call(1)),
     "moe_m256": ("_moe_expert_kernel", lambda: moe_call(256)),
+    "moe_m256_aligned": ("_moe_expert_kernel", lambda: moe_call(256, 33)),
     "nvfp4_m1": ("_nvfp4_gemv_kernel", lambda: nvfp4_call(1)),
     "qkv_m1": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(1)),
     "qkv_m64": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(64)),
