@@ -83,8 +83,10 @@ def _set_fp8_tiles(bn: int, mt: int, warps: int, split) -> None:
 
 def fp8_tile_rows(rows: list) -> None:
     """fp8_gemv QKV, o_proj (per tensor) and the drafter's 7680x2560 (block scales) at M = 16,
-    64 over FP8_TILE_GRID, bits vs the defaults (split-K changes them)."""
+    64 over FP8_TILE_GRID in the 16-row form (SWAP_ROWS 8 here: the default swaps up to 64
+    rows, h200-2026-12-01e/od/), bits vs the form's defaults (split-K changes them)."""
     warps, split = F8.TUNE["num_warps"], F8.SPLIT_K
+    swap_rows, F8.SWAP_ROWS = F8.SWAP_ROWS, 8
     for name, n, mode in FP8_SHAPES:
         default = ((*F8.WIDE_TILES, warps, split) if mode == "tensor" else
                    (F8.block_n_for(n), F8.MAX_TILES, warps, split))
@@ -113,6 +115,7 @@ def fp8_tile_rows(rows: list) -> None:
                 F8.SPLIT_K = FP8_SAVED[4]
         del ws
         torch.cuda.empty_cache()
+    F8.SWAP_ROWS = swap_rows
 
 
 def fp8_rows(rows: list) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Small-batch FP8 GEMMs with the weight tile as the MMA's A operand and the tokens as its N
-(plugins/moe_experts.py SWAP_TOKENS, plugins/fp8_gemv.py SWAP_ROWS: on at <= 8 rows) against the
+(plugins/moe_experts.py SWAP_TOKENS, plugins/fp8_gemv.py SWAP_ROWS; run at <= 8 rows) against the
 16-row x·W^T form (the setting 0), H200, full Kolibri-1 shapes, one call:
 
     python3 bench/swap_ab.py [--out DIR] [--only moe,moe_wide,fp8_gemv,nvfp4]
@@ -49,9 +49,27 @@ GEMV_VARIANTS = [dict(warps=w, stages=5) for w in (1, 2)]
 NVFP4_VARIANTS = [dict(warps=4, stages=3), dict(warps=4, stages=4), dict(warps=8, stages=3)]
 SWITCH = {ME: "SWAP_TOKENS", F8: "SWAP_ROWS", NV: "SWAP_ROWS"}   # module -> swap threshold
 SWAP_ON = 8     # the threshold a variant runs at (a module's default may be 0: off)
-WIDE_ON = 64    # moe_wide: the swap at every chunk size (moe_experts.MAX_TOKENS)
-TUNES = {ME: ("TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY", "TUNE_SWAP_MOST"), F8: ("TUNE_SWAP",),
-         NV: ("TUNE_SWAP",)}
+WIDE_ON = 64    # moe_wide: the swap at every chunk of up to 64 tokens
+TUNES = {ME: ("TUNE_SWAP", "TUNE_SWAP_WIDE", "TUNE_SWAP_MANY", "TUNE_SWAP_MOST"),
+         NV: ("TUNE_SWAP",)}   # fp8_gemv: its SWAP_TILES entries (apply_tune)
+
+
+def apply_tune(mod, warps: int, stages: int):
+    """Give the module's swapped kernel `warps` and `stages` at every size; returns a function
+    that restores the module's own settings."""
+    if mod is F8:
+        saved_tiles = F8.SWAP_TILES
+        F8.SWAP_TILES = tuple((most, rows, warps, stages) for most, rows, _, _ in saved_tiles)
+        return lambda: setattr(F8, "SWAP_TILES", saved_tiles)
+    saved = [dict(getattr(mod, t)) for t in TUNES[mod]]
+    for t in TUNES[mod]:
+        getattr(mod, t).update(num_warps=warps, num_stages=stages)
+
+    def restore():
+        for t, d in zip(TUNES[mod], saved):
+            getattr(mod, t).clear()
+            getattr(mod, t).update(d)
+    return restore
 
 
 def plain(mod, calls, on: int = SWAP_ON):
@@ -68,11 +86,11 @@ def run_variant(mod, setting: dict, calls, nbytes: float, label: str, rows: list
                 on: int = SWAP_ON) -> None:
     """Time `calls` in the 16-row form, swapped with `setting` (every TUNES dict), and 16-row
     again."""
-    saved = [dict(getattr(mod, t)) for t in TUNES[mod]], getattr(mod, SWITCH[mod])
+    saved_switch = getattr(mod, SWITCH[mod])
+    restore = lambda: None  # noqa: E731  (set once the tune is applied)
     try:
         base, t_def0 = plain(mod, calls, on)
-        for t in TUNES[mod]:
-            getattr(mod, t).update(num_warps=setting.get("warps", 4), num_stages=setting["stages"])
+        restore = apply_tune(mod, setting.get("warps", 4), setting["stages"])
         same = torch.equal(calls[0](), base)
         t_swap = PT.time_calls(calls)
         t_def1 = plain(mod, calls, on)[1]
@@ -81,10 +99,8 @@ def run_variant(mod, setting: dict, calls, nbytes: float, label: str, rows: list
         rows.append(dict(case=label, setting=setting, failed=str(exc)[:300]))
         return
     finally:
-        for t, d in zip(TUNES[mod], saved[0]):
-            getattr(mod, t).clear()
-            getattr(mod, t).update(d)
-        setattr(mod, SWITCH[mod], saved[1])
+        restore()
+        setattr(mod, SWITCH[mod], saved_switch)
     t_def = min(t_def0, t_def1)
     pct = 100 * nbytes / (t_swap * 1e-6) / PT.BW
     rows.append(dict(case=label, setting=setting, us_16row=t_def, us_swap=t_swap,
