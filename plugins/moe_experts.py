@@ -1,11 +1,13 @@
 """Grouped FP8 expert GEMM for small batches: reads only the selected experts, each once.
 
-One launch covers the routed experts and the shared one. Program (n-tile, u): unit 0 is the
-shared expert (all tokens, slot k), unit u > 0 the (token, slot) pair r = u - 1 of ``ids``
-[M, k]; it runs only if its expert id appears for the first time at r (row-major), and then
-serves every token that picked that expert: one pass over the expert's weight tile per row
-tile of its tokens (8 with SWAP, else 16; almost always one). Without a shared expert, unit u
-is pair u.
+One launch covers the routed experts and the shared one. Program (n-tile, u): the first SH
+units are the shared expert (slot k), one per SHARED_TOKENS tokens of the chunk; each later
+unit r is the (token, slot) pair r of ``ids`` [M, k], which runs only if its expert id appears
+for the first time at r (row-major), or, in chunks of BY_EXPERT_TOKENS tokens or more, expert
+r, which runs only if some token picked it. A routed unit serves every token that picked its
+expert (found by scanning ids, or read from per-expert lists: ALIGN_TOKENS, moe_align.py): one
+pass over the expert's weight tile per row tile of its tokens (8 with SWAP, else 16; almost
+always one).
 - GATED (gate_up): w [E, 2N, K] (rows 0..N-1 gate_proj, N..2N-1 up_proj), input x [M, K];
   writes act[m, slot, :N] = bf16(silu(s_e·x·gateᵀ) · (s_e·x·upᵀ)).
 - not GATED (down): w [E, N, K], input act[m, slot, :K]; writes out[m, slot, :N] = fp32 s_e·act·wᵀ.
