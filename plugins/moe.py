@@ -5,9 +5,10 @@
     out[m, i]  = act[m, i]·down_eᵀ                 fp32
     y[m] = Σ_i w[m, i]·out[m, i] + out[m, k]       summed in slot order (this file's kernel)
 Source: shared/spec/kolibri-1.md (forward pass); weights per plugins/LAYOUTS.md (e4m3, one fp32
-scale per expert). Five launches per chunk of moe_experts.MAX_TOKENS tokens: route (2 kernels), gate_up, down,
-combine.
-Reads only the selected experts, each once per chunk.
+scale per expert). Launches: the route (2 kernels) once, then per chunk of
+moe_experts.MAX_TOKENS tokens gate_up, down and combine (and, from moe_experts.ALIGN_TOKENS
+tokens, moe_align's per-expert lists first). Reads only the selected experts, each once per
+chunk.
 """
 
 from __future__ import annotations

@@ -87,7 +87,6 @@ TILE_LOOP = True
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 
 
-
 @jit
 def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
