@@ -69,7 +69,8 @@
 #   PART=oh bash bench/gpu_session.sh   (~5 min, no engine) the MoE experts reading per-expert row
 #       lists (plugins/moe_align.py, ALIGN_TOKENS 33; AOT sm_90 at 256 tokens gate/up 201 -> 146
 #       registers, down 250 -> 196): bench/moe_chunks.py (every variant, bits against chunks of
-#       64), gpu_check moe,splitk with the lists on, Nsight Compute on them at 256 tokens
+#       64), gpu_check moe,splitk with the lists on, Nsight Compute on them at 256 tokens; the
+#       experts at 1-8 tokens with 8 warps, deeper pipelines, K steps of 64 / 256 (--variants one)
 #   PART=og bash bench/gpu_session.sh   (~2 min, no engine) the MoE's n-tiles past 64 tokens and K
 #       split at 1-4 tokens (bench/moe_chunks.py --variants tiles, bits against the defaults)
 #   PART=nr bash bench/gpu_session.sh   (~5 min, no engine) Nsight Compute on the MoE experts at
@@ -178,7 +179,8 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 case "${PART:-}" in
   oh)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step chunks 240 python3 bench/moe_chunks.py
+    step chunks 200 python3 bench/moe_chunks.py
+    step one 120 python3 bench/moe_chunks.py --variants one
     step check 150 python3 bench/gpu_check.py --only moe,splitk --set moe_experts.ALIGN_TOKENS=33
     ncuprof moe_m256_aligned _moe_expert_kernel 2
     pack oh

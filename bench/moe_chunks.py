@@ -2,7 +2,7 @@
 """moe_forward past 64 tokens on the H200: chunk size and unit layout, full Kolibri-1 MoE shapes
 (E = 256, top-6, H = 2560, I = 768, one shared expert). One call:
 
-    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles]
+    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles|one]
 
 Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of the
 moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
@@ -14,7 +14,7 @@ of 64 (the tiles group rows; no output's K order changes). The first version (ch
 Time as bench/plugins.py (one CUDA graph over 8 rotated input sets, median of 5 x 20
 replays); bytes = router + distinct experts per call +
 shared + x/y (the least any chunking reads), TB/s and % of the 4.14 TB/s read ceiling.
-JSON: $OUT/moe_chunks.json.
+JSON: $OUT/moe_chunks.json (moe_chunks_tiles.json, moe_chunks_one.json).
 """
 
 from __future__ import annotations
@@ -39,18 +39,14 @@ ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 E, H, INTER, TOPK = 256, 2560, 768, 6
 NEVER = 1 << 30
 # (M values, label, moe_experts settings); per M the first row that applies is the reference of
-# the bits (chunks of 64, one unit per (token, slot) pair: the layout before 2026-12-01e)
+# the bits (chunks of 64, one unit per (token, slot) pair: the layout before 2026-12-01e).
+# Units by expert from 16 tokens, by pair to 48, stages 4 / 6 past 32 tokens and the shared
+# expert in 32- or 128-token groups ran at 3bf85bf and gained under 1 % (h200-2026-12-01e/of/).
 OLD = dict(MAX_TOKENS=64, BY_EXPERT_TOKENS=NEVER)
 MOST = ME.TUNE_SWAP_MOST
 VARIANTS = [
     ((16, 32, 48, 64, 80, 128, 192, 256), "chunks of 64, units by pair", OLD),
     ((16, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
-    ((16, 32, 48), "units by expert from 16", dict(BY_EXPERT_TOKENS=16)),
-    ((32, 48), "units by pair", dict(BY_EXPERT_TOKENS=NEVER)),
-    ((80, 128, 192, 256), "stages 4", dict(TUNE_SWAP_MOST=dict(MOST, num_stages=4))),
-    ((80, 128, 192, 256), "stages 6", dict(TUNE_SWAP_MOST=dict(MOST, num_stages=6))),
-    ((128, 192, 256), "shared in 32-token groups", dict(SHARED_TOKENS=32)),
-    ((128, 256), "shared in 128-token groups", dict(SHARED_TOKENS=128)),
     ((48, 64, 80, 128, 192, 256), "row lists from 33 (moe_align)", dict(ALIGN_TOKENS=33)),
 ]
 
@@ -67,14 +63,37 @@ TILES = [
     ((1, 4), "K split in 2 (gate/up)", dict(SPLIT_K_GATED=2)),
 ]
 
+# --variants one: one to eight tokens (one stream's decode, 43 % of bandwidth per layer): the
+# experts ran 1-2 warps per scheduler at ~3.4 cycles per issue (nr/). More warps per program
+# (AOT sm_90: 8 warps replicate the 8-token MMA but split the tile's copies), deeper pipelines,
+# and K steps of 64 / 256 (bytes per stage; the same K order per output).
+SW, SWW = ME.TUNE_SWAP, ME.TUNE_SWAP_WIDE
+ONE = [
+    ((1, 2, 4, 8), "defaults", {}),
+    ((1, 2, 4, 8), "8 warps", dict(TUNE_SWAP=dict(SW, num_warps=8),
+                                   TUNE_SWAP_WIDE=dict(SWW, num_warps=8))),
+    ((1, 2, 4, 8), "stages 6", dict(TUNE_SWAP=dict(SW, num_stages=6),
+                                    TUNE_SWAP_WIDE=dict(SWW, num_stages=6))),
+    ((1, 2, 4, 8), "8 warps, stages 6", dict(TUNE_SWAP=dict(num_warps=8, num_stages=6),
+                                             TUNE_SWAP_WIDE=dict(num_warps=8, num_stages=6))),
+    ((1, 2, 4, 8), "K steps of 64, stages 8", dict(
+        BLOCK_K=64, TUNE_SWAP=dict(SW, num_stages=8), TUNE_SWAP_WIDE=dict(SWW, num_stages=8))),
+    ((1, 2, 4, 8), "K steps of 256, stages 3", dict(
+        BLOCK_K=256, TUNE_SWAP=dict(SW, num_stages=3), TUNE_SWAP_WIDE=dict(SWW, num_stages=3))),
+    ((1, 2, 4, 8), "K steps of 256, 8 warps", dict(
+        BLOCK_K=256, TUNE_SWAP=dict(num_warps=8, num_stages=3),
+        TUNE_SWAP_WIDE=dict(num_warps=8, num_stages=3))),
+]
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp)")
-    ap.add_argument("--variants", choices=("chunks", "tiles"), default="chunks",
-                    help="chunks: VARIANTS (chunk size, units, stages, shared groups); tiles: TILES")
+    ap.add_argument("--variants", choices=("chunks", "tiles", "one"), default="chunks",
+                    help="chunks: VARIANTS (chunk size, units, stages, shared groups); tiles: "
+                         "TILES; one: ONE (1-8 tokens: warps, stages, K step)")
     args = ap.parse_args()
-    variants = VARIANTS if args.variants == "chunks" else TILES
+    variants = {"chunks": VARIANTS, "tiles": TILES, "one": ONE}[args.variants]
     out = PT.out_dir()
     wts = PT.moe_weights(E, H, INTER)
     rows = []
@@ -104,7 +123,8 @@ def main() -> int:
                              pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))
             print(f"M={m:3d} {label:30s} {us:8.1f} us {nbytes / 1e6:7.1f} MB {tbs:5.2f} TB/s "
                   f"{100 * tbs * 1e12 / PT.BW:5.1f}%  bits == first row: {same}", flush=True)
-    (out / "moe_chunks.json").write_text(json.dumps(rows, indent=1))
+    name = "moe_chunks" + ("" if args.variants == "chunks" else f"_{args.variants}")
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1
 
 
