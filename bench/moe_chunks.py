@@ -43,7 +43,6 @@ NEVER = 1 << 30
 # Units by expert from 16 tokens, by pair to 48, stages 4 / 6 past 32 tokens and the shared
 # expert in 32- or 128-token groups ran at 3bf85bf and gained under 1 % (h200-2026-12-01e/of/).
 OLD = dict(MAX_TOKENS=64, BY_EXPERT_TOKENS=NEVER)
-MOST = ME.TUNE_SWAP_MOST
 VARIANTS = [
     ((16, 32, 48, 64, 80, 128, 192, 256), "chunks of 64, units by pair", OLD),
     ((16, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
