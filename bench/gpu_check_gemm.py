@@ -129,12 +129,12 @@ def check_moe(g, small):
         x = T.randn((max(Ms), H), g, device=B.DEV)
         check_gemv_invariance(f"moe {label}", lambda xx: moe_forward(xx, *wts, top_k=k), x)
         want = moe_forward(x, *wts, top_k=k)
-        saved = me.MAX_TOKENS, me.BY_EXPERT_TOKENS
-        try:
-            me.MAX_TOKENS, me.BY_EXPERT_TOKENS = 64, 1 << 30
+        saved = me.MAX_TOKENS, me.BY_EXPERT_TOKENS, me.ALIGN_TOKENS
+        try:   # chunks of 64, (token, slot) units scanning ids: the layout before 2026-12-01e
+            me.MAX_TOKENS, me.BY_EXPERT_TOKENS, me.ALIGN_TOKENS = 64, 1 << 30, 1 << 30
             same = torch.equal(moe_forward(x, *wts, top_k=k), want)
         finally:
-            me.MAX_TOKENS, me.BY_EXPERT_TOKENS = saved
+            me.MAX_TOKENS, me.BY_EXPERT_TOKENS, me.ALIGN_TOKENS = saved
         record(f"moe {label} chunks of {saved[0]} = chunks of 64 (M={x.shape[0]})", same,
                "bit-identical" if same else "DIFFERS")
 

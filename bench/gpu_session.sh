@@ -181,7 +181,7 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step chunks 200 python3 bench/moe_chunks.py
     step one 120 python3 bench/moe_chunks.py --variants one
-    step check 150 python3 bench/gpu_check.py --only moe,splitk --set moe_experts.ALIGN_TOKENS=33
+    step check 150 python3 bench/gpu_check.py --only moe,splitk
     ncuprof moe_m256_aligned _moe_expert_kernel 2
     pack oh
     ;;

@@ -7,8 +7,8 @@
 Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of the
 moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
 2026-12-01e: each chunk reads its experts again), the defaults (chunks of MAX_TOKENS, one unit
-per expert from BY_EXPERT_TOKENS, the shared expert in groups of SHARED_TOKENS), other unit
-thresholds, stages and shared groups. Every variant's output is compared bit for bit with chunks
+per expert from BY_EXPERT_TOKENS reading per-expert row lists from ALIGN_TOKENS, the shared
+expert in groups of SHARED_TOKENS) and every program scanning the ids. Every variant's output is compared bit for bit with chunks
 of 64 (the tiles group rows; no output's K order changes). The first version (chunks of 64 /
 128 / 256, units by expert from 65 or 33) ran at 060cfdc: bench/results/h200-2026-12-01e/oe/.
 Time as bench/plugins.py (one CUDA graph over 8 rotated input sets, median of 5 x 20
@@ -42,11 +42,11 @@ NEVER = 1 << 30
 # the bits (chunks of 64, one unit per (token, slot) pair: the layout before 2026-12-01e).
 # Units by expert from 16 tokens, by pair to 48, stages 4 / 6 past 32 tokens and the shared
 # expert in 32- or 128-token groups ran at 3bf85bf and gained under 1 % (h200-2026-12-01e/of/).
-OLD = dict(MAX_TOKENS=64, BY_EXPERT_TOKENS=NEVER)
+OLD = dict(MAX_TOKENS=64, BY_EXPERT_TOKENS=NEVER, ALIGN_TOKENS=NEVER)
 VARIANTS = [
     ((16, 32, 48, 64, 80, 128, 192, 256), "chunks of 64, units by pair", OLD),
     ((16, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
-    ((48, 64, 80, 128, 192, 256), "row lists from 33 (moe_align)", dict(ALIGN_TOKENS=33)),
+    ((48, 64, 80, 128, 192, 256), "scanning ids (no row lists)", dict(ALIGN_TOKENS=NEVER)),
 ]
 
 # --variants tiles: the launch shapes the Nsight Compute run pointed at (nr/): down n-tiles of

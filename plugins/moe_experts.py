@@ -50,8 +50,11 @@ BY_EXPERT_TOKENS = 33
 # lists made once per chunk (plugins/moe_align.py: one more launch) instead of every program
 # scanning the chunk's ids (at 256 tokens the down projection's 5,200 programs scan 1,536 ids
 # each for 6 K steps of work, Nsight Compute h200-2026-12-01e/nr/). The same rows in the same
-# order: the same bits. Not yet timed on the H200: off.
-ALIGN_TOKENS = 1 << 30
+# order: the same bits. H200, moe_forward µs at M = 48 / 64 / 80 / 128 / 192 / 256, scanning ->
+# lists (bench/moe_chunks.py, bench/results/h200-2026-12-02a/oh/chunks.log): 279.1 / 321.7 /
+# 384.1 / 434.7 / 498.7 / 560.4 -> 275.6 / 318.7 / 345.0 / 389.0 / 427.7 / 478.7; at 256
+# tokens the down projection 245.7 -> 152.8 µs (Nsight Compute, -12-01e/nr/ -> -12-02a/oh/).
+ALIGN_TOKENS = 33
 # K step: 128 against 256 (H200, bench/results/h200-2026-11-30h/zp/): same bits, half the shared
 # memory, faster at every M then (M=64 728.5 -> 641.0 µs)
 BLOCK_K = 128

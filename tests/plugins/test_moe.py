@@ -119,15 +119,16 @@ def test_tile_loop_keeps_bits(interp, monkeypatch, M):
 @pytest.mark.parametrize("M,shared", [(130, True), (70, False)])
 def test_chunks_and_units_keep_bits(interp, monkeypatch, M, shared):
     """The default chunks (MAX_TOKENS 256: one chunk here) with one unit per expert
-    (BY_EXPERT_TOKENS) and the shared expert in SHARED_TOKENS groups (130 tokens: 3 groups;
-    20 tokens on the same experts) give the bits of chunks of 64 with one unit per (token,
-    slot) pair."""
+    (BY_EXPERT_TOKENS) reading per-expert row lists (ALIGN_TOKENS) and the shared expert in
+    SHARED_TOKENS groups (130 tokens: 3 groups; 20 tokens on the same experts) give the bits of
+    chunks of 64 with one unit per (token, slot) pair."""
     g = T.gen(70 + M)
     wts = T.moe_weights(E, H, I_, IS if shared else 0, g)
     x = T.randn((M, H), g)
     x[:20] = x[0]
     monkeypatch.setattr(ME, "MAX_TOKENS", 64)
     monkeypatch.setattr(ME, "BY_EXPERT_TOKENS", 1 << 30)
+    monkeypatch.setattr(ME, "ALIGN_TOKENS", 1 << 30)
     want = moe_forward(x, *wts, top_k=K, interpret=True)
     monkeypatch.undo()
     assert ME.MAX_TOKENS >= M and ME.BY_EXPERT_TOKENS <= M   # one chunk, units by expert
@@ -147,14 +148,16 @@ def test_align_interpreter_matches_reference(interp):
 
 @pytest.mark.parametrize("M,shared", [(130, True), (40, False)])
 def test_expert_row_lists_keep_bits(interp, monkeypatch, M, shared):
-    """The experts reading per-expert row lists (ALIGN_TOKENS: moe_align once per chunk)
-    instead of scanning ids in every program give the same bits (the same rows, in order)."""
+    """The experts reading per-expert row lists (ALIGN_TOKENS, the default: moe_align once per
+    chunk) give the bits of every program scanning ids (the same rows, in order)."""
     g = T.gen(90 + M)
     wts = T.moe_weights(E, H, I_, IS if shared else 0, g)
     x = T.randn((M, H), g)
     x[:20] = x[0]
+    monkeypatch.setattr(ME, "ALIGN_TOKENS", 1 << 30)
     want = moe_forward(x, *wts, top_k=K, interpret=True)
-    monkeypatch.setattr(ME, "ALIGN_TOKENS", ME.BY_EXPERT_TOKENS)
+    monkeypatch.undo()
+    assert ME.BY_EXPERT_TOKENS <= ME.ALIGN_TOKENS <= M   # the lists are used
     assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True), want)
 
 
