@@ -59,10 +59,6 @@
 #       (plugins/chain_index.py): gpu_check chainindex (+ the drafter's other kernels), PART
 #       tl's timeline and paired split, the in-process chat + German eval (8 prompts greedy,
 #       medians of 3; 4 prompts T = 0.8, medians of 2) (~6 min).  carry: engines/carry-b.tar.xz
-#   PART=oc bash bench/gpu_session.sh   (~6 min, no engine) which kernel groups launch the next
-#       kernel early (KOLIBRI_PDL_EARLY, plugins/_common.py): whole decode steps (no eager)
-#       with moe (the default), moe+gemv, moe+norm, moe+attn, moe,gemv,norm,attn, moe again,
-#       then the default groups up to 32 tokens
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
@@ -71,6 +67,9 @@
 #       registers, down 250 -> 196): bench/moe_chunks.py (every variant, bits against chunks of
 #       64), gpu_check moe,splitk with the lists on, Nsight Compute on them at 256 tokens; the
 #       experts at 1-8 tokens with 8 warps, deeper pipelines, K steps of 64 / 256 (--variants one)
+#   PART=oi bash bench/gpu_session.sh   (~7 min, no engine) bench/moe_chunks.py (units by expert
+#       with row lists from 16 tokens), then whole decode steps under the launch groups
+#       KOLIBRI_PDL_EARLY moe (the default, first and last), moe,norm, moe,attn, all four
 #   PART=og bash bench/gpu_session.sh   (~2 min, no engine) the MoE's n-tiles past 64 tokens and K
 #       split at 1-4 tokens (bench/moe_chunks.py --variants tiles, bits against the defaults)
 #   PART=nr bash bench/gpu_session.sh   (~5 min, no engine) Nsight Compute on the MoE experts at
@@ -185,21 +184,22 @@ case "${PART:-}" in
     ncuprof moe_m256_aligned _moe_expert_kernel 2
     pack oh
     ;;
-  og)
+  oi)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step tiles 150 python3 bench/moe_chunks.py --variants tiles
-    pack og
-    ;;
-  oc)
+    step chunks 150 python3 bench/moe_chunks.py
+    unset KOLIBRI_PDL
     local_i=0
-    for groups in moe moe,gemv moe,norm moe,attn moe,gemv,norm,attn moe; do
+    for groups in moe moe,norm moe,attn moe,gemv,norm,attn moe; do
       local_i=$((local_i + 1))
       KOLIBRI_PDL_EARLY=$groups step "fullsize_${local_i}_${groups//,/_}" 80 \
         python3 bench/fullsize.py --out "$OUT/fs_${local_i}" --parts decode --budget 50 --no-eager
     done
-    KOLIBRI_PDL_EARLY_TOKENS=32 step fullsize_tokens32 80 python3 bench/fullsize.py \
-      --out "$OUT/fs_tokens32" --parts decode --budget 50 --no-eager
-    pack oc
+    pack oi
+    ;;
+  og)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step tiles 150 python3 bench/moe_chunks.py --variants tiles
+    pack og
     ;;
   ob)
     allchecks

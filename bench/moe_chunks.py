@@ -44,8 +44,10 @@ NEVER = 1 << 30
 # expert in 32- or 128-token groups ran at 3bf85bf and gained under 1 % (h200-2026-12-01e/of/).
 OLD = dict(MAX_TOKENS=64, BY_EXPERT_TOKENS=NEVER, ALIGN_TOKENS=NEVER)
 VARIANTS = [
-    ((16, 32, 48, 64, 80, 128, 192, 256), "chunks of 64, units by pair", OLD),
-    ((16, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
+    ((16, 24, 32, 48, 64, 80, 128, 192, 256), "chunks of 64, units by pair", OLD),
+    ((16, 24, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
+    ((16, 24, 32), "units by expert, row lists from 16", dict(BY_EXPERT_TOKENS=16,
+                                                               ALIGN_TOKENS=16)),
     ((48, 64, 80, 128, 192, 256), "scanning ids (no row lists)", dict(ALIGN_TOKENS=NEVER)),
 ]
 
