@@ -67,6 +67,9 @@
 #       registers, down 250 -> 196): bench/moe_chunks.py (every variant, bits against chunks of
 #       64), gpu_check moe,splitk with the lists on, Nsight Compute on them at 256 tokens; the
 #       experts at 1-8 tokens with 8 warps, deeper pipelines, K steps of 64 / 256 (--variants one)
+#   PART=oj bash bench/gpu_session.sh   (~4 min, no engine) fp8_gemv at 80 / 128 / 144 rows
+#       (verification passes): the swapped form in 16- / 32- / 64-row tiles against the 16-row
+#       form with 4 row tiles per program (bench/wide_swap.py --ms, --swap-rows 256)
 #   PART=oi bash bench/gpu_session.sh   (~7 min, no engine) bench/moe_chunks.py (units by expert
 #       with row lists from 16 tokens), then whole decode steps under the launch groups
 #       KOLIBRI_PDL_EARLY moe (the default, first and last), moe,norm, moe,attn, all four
@@ -183,6 +186,11 @@ case "${PART:-}" in
     step check 150 python3 bench/gpu_check.py --only moe,splitk
     ncuprof moe_m256_aligned _moe_expert_kernel 2
     pack oh
+    ;;
+  oj)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step wide 300 python3 bench/wide_swap.py --kernels fp8 --ms 80,128,144 --swap-rows 256
+    pack oj
     ;;
   oi)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

@@ -2,7 +2,7 @@
 """The swapped GEMV form (weights as the MMA's A operand, rows as its N) past 8 rows, on the
 H200. One call:
 
-    python3 bench/wide_swap.py [--out DIR] [--kernels fp8,nvfp4]
+    python3 bench/wide_swap.py [--out DIR] [--kernels fp8,nvfp4] [--ms 16,32,64] [--swap-rows 64]
 
 fp8_gemv (QKV 3584 x 2560 and o_proj 2560 x 2560 per tensor, the drafter's 7680 x 2560 with
 1x64 block scales) and nvfp4_gemv (LM head 131072 x 2560, drafter head 60614 x 2560) at M = 16,
@@ -17,7 +17,10 @@ instructions per K step (BLOCK_N 32), 64 rows spill. Each output keeps its K ord
 tiles N by 8), so the bits must equal the defaults'; every row says whether they do. Time as
 bench/plugins.py (one CUDA graph over rotated weight sets, median of 5 x 20 replays), bytes =
 weights (+ scales) + x + y, TB/s and % of the 4.14 TB/s read ceiling. JSON:
-$OUT/wide_swap.json.
+$OUT/wide_swap.json. With --swap-rows past 64 and --ms past 64 (verification passes: 16
+streams x 5-9 tokens are 80-144 rows, where QKV and o_proj take the 16-row form with up to 4
+row tiles per program, WIDE_TILES, reading the weights once per 64 rows): the swapped form
+there, also in 64-row tiles at 4 warps.
 """
 
 from __future__ import annotations
@@ -42,12 +45,16 @@ from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv  # noqa: E402
 F8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
 NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
 K = 2560
-MS = (16, 32, 64)
 FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
 # (SWAP_ROWS, ROWS_SWAP, num_warps, num_stages) of the swapped kernel; None: the file's
-FP8_GRID = [(64, r, w, s) for r, w, s in itertools.product((16, 32), (1, 4), (3, 5))]
-NV_GRID = [(64, r, 4, s) for r, s in itertools.product((16, 32, 64), (3, 4))]
+def fp8_grid(swap_rows: int) -> list[tuple]:
+    grid = [(swap_rows, r, w, s) for r, w, s in itertools.product((16, 32), (1, 4), (3, 5))]
+    return grid + ([(swap_rows, 64, 4, 3)] if swap_rows > 64 else [])
+
+
+def nv_grid(swap_rows: int) -> list[tuple]:
+    return [(swap_rows, r, 4, s) for r, s in itertools.product((16, 32, 64), (3, 4))]
 
 
 FILE = (0, 0, 0, 0)   # the file's own settings
@@ -94,7 +101,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp)")
     ap.add_argument("--kernels", default="fp8,nvfp4")
+    ap.add_argument("--ms", default="16,32,64", help="rows per call, comma-separated")
+    ap.add_argument("--swap-rows", type=int, default=64,
+                    help="SWAP_ROWS of the swapped variants (>= the largest of --ms)")
     args = ap.parse_args()
+    ms = [int(v) for v in args.ms.split(",")]
+    if min(ms) < 1 or max(ms) > args.swap_rows:
+        ap.error(f"--ms: rows in 1..--swap-rows ({args.swap_rows}), got {args.ms}")
     kernels = args.kernels.split(",")
     if set(kernels) - {"fp8", "nvfp4"}:
         ap.error(f"--kernels: among fp8, nvfp4, got {args.kernels}")
@@ -104,10 +117,10 @@ def main() -> int:
         ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
                torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
                else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
-        for m in MS:
+        for m in ms:
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             run(rows, "fp8", name, n * K, n, m, [lambda w=w: fp8_gemv(x, *w) for w in ws],
-                FP8_GRID, F8)
+                fp8_grid(args.swap_rows), F8)
         del ws
         torch.cuda.empty_cache()
     for name, n in HEADS if "nvfp4" in kernels else ():
@@ -115,10 +128,10 @@ def main() -> int:
         ws = [(torch.randint(0, 256, (n, K // 2), dtype=torch.uint8, device=PT.DEV),
                (torch.rand((n, K // 16), device=PT.DEV) + 0.25).to(PT.E4M3),
                torch.tensor([0.02], device=PT.DEV)) for _ in range(PT.sets_for(wbytes))]
-        for m in MS:
+        for m in ms:
             x = torch.randn((m, K), device=PT.DEV).bfloat16()
             run(rows, "nvfp4", name, wbytes, n, m, [lambda w=w: nvfp4_gemv(x, *w) for w in ws],
-                NV_GRID, NV)
+                nv_grid(args.swap_rows), NV)
         del ws
         torch.cuda.empty_cache()
     (out / "wide_swap.json").write_text(json.dumps(rows, indent=1))
