@@ -3,7 +3,7 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of and cc, fz, gb, gk, st, tr, zu) were removed once their results were
+# n* parts, oa, od, oe, of, oh, oi and cc, fz, gb, gk, st, tr, zu) were removed once their results were
 # written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
@@ -62,17 +62,9 @@
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
-#   PART=oh bash bench/gpu_session.sh   (~5 min, no engine) the MoE experts reading per-expert row
-#       lists (plugins/moe_align.py, ALIGN_TOKENS 33; AOT sm_90 at 256 tokens gate/up 201 -> 146
-#       registers, down 250 -> 196): bench/moe_chunks.py (every variant, bits against chunks of
-#       64), gpu_check moe,splitk with the lists on, Nsight Compute on them at 256 tokens; the
-#       experts at 1-8 tokens with 8 warps, deeper pipelines, K steps of 64 / 256 (--variants one)
 #   PART=oj bash bench/gpu_session.sh   (~4 min, no engine) fp8_gemv at 80 / 128 / 144 rows
 #       (verification passes): the swapped form in 16- / 32- / 64-row tiles against the 16-row
 #       form with 4 row tiles per program (bench/wide_swap.py --ms, --swap-rows 256)
-#   PART=oi bash bench/gpu_session.sh   (~7 min, no engine) bench/moe_chunks.py (units by expert
-#       with row lists from 16 tokens), then whole decode steps under the launch groups
-#       KOLIBRI_PDL_EARLY moe (the default, first and last), moe,norm, moe,attn, all four
 #   PART=og bash bench/gpu_session.sh   (~2 min, no engine) the MoE's n-tiles past 64 tokens and K
 #       split at 1-4 tokens (bench/moe_chunks.py --variants tiles, bits against the defaults)
 #   PART=nr bash bench/gpu_session.sh   (~5 min, no engine) Nsight Compute on the MoE experts at
@@ -179,30 +171,10 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  oh)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step chunks 200 python3 bench/moe_chunks.py
-    step one 120 python3 bench/moe_chunks.py --variants one
-    step check 150 python3 bench/gpu_check.py --only moe,splitk
-    ncuprof moe_m256_aligned _moe_expert_kernel 2
-    pack oh
-    ;;
   oj)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step wide 300 python3 bench/wide_swap.py --kernels fp8 --ms 80,128,144 --swap-rows 256
     pack oj
-    ;;
-  oi)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step chunks 150 python3 bench/moe_chunks.py
-    unset KOLIBRI_PDL
-    local_i=0
-    for groups in moe moe,norm moe,attn moe,gemv,norm,attn moe; do
-      local_i=$((local_i + 1))
-      KOLIBRI_PDL_EARLY=$groups step "fullsize_${local_i}_${groups//,/_}" 80 \
-        python3 bench/fullsize.py --out "$OUT/fs_${local_i}" --parts decode --budget 50 --no-eager
-    done
-    pack oi
     ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

@@ -8,12 +8,12 @@ Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of 
 moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
 2026-12-01e: each chunk reads its experts again), the defaults (chunks of MAX_TOKENS, one unit
 per expert from BY_EXPERT_TOKENS reading per-expert row lists from ALIGN_TOKENS, the shared
-expert in groups of SHARED_TOKENS) and every program scanning the ids. Every variant's output is compared bit for bit with chunks
-of 64 (the tiles group rows; no output's K order changes). The first version (chunks of 64 /
-128 / 256, units by expert from 65 or 33) ran at 060cfdc: bench/results/h200-2026-12-01e/oe/.
-Time as bench/plugins.py (one CUDA graph over 8 rotated input sets, median of 5 x 20
-replays); bytes = router + distinct experts per call +
-shared + x/y (the least any chunking reads), TB/s and % of the 4.14 TB/s read ceiling.
+expert in groups of SHARED_TOKENS) and every program scanning the ids. Every variant's output
+is compared bit for bit with chunks of 64 (the tiles group rows; no output's K order changes).
+The first version (chunks of 64 / 128 / 256, units by expert from 65 or 33) ran at 060cfdc:
+bench/results/h200-2026-12-01e/oe/. Time as bench/plugins.py (one CUDA graph over 8 rotated
+input sets, median of 5 x 20 replays); bytes = router + distinct experts per call + shared +
+x/y (the least any chunking reads), TB/s and % of the 4.14 TB/s read ceiling.
 JSON: $OUT/moe_chunks.json (moe_chunks_tiles.json, moe_chunks_one.json).
 """
 
@@ -48,7 +48,8 @@ VARIANTS = [
     ((16, 24, 32, 48, 64, 80, 128, 192, 256), "defaults", {}),
     ((16, 24, 32), "units by expert, row lists from 16", dict(BY_EXPERT_TOKENS=16,
                                                                ALIGN_TOKENS=16)),
-    ((48, 64, 80, 128, 192, 256), "scanning ids (no row lists)", dict(ALIGN_TOKENS=NEVER)),
+    ((24, 32, 48, 64, 80, 128, 192, 256), "scanning ids (no row lists)",
+     dict(ALIGN_TOKENS=NEVER)),
 ]
 
 # --variants tiles: the launch shapes the Nsight Compute run pointed at (nr/): down n-tiles of

@@ -102,7 +102,7 @@ TARGETS = {  # name -> (kernel-name regex for ncu, builder)
     "sliding_b1": ("_fp8_attn_kernel", lambda: attn_call("fp8", 1, 1, window=513)),
     "moe_m1": ("_moe_expert_kernel", lambda: moe_call(1)),
     "moe_m256": ("_moe_expert_kernel", lambda: moe_call(256)),
-    "moe_m256_aligned": ("_moe_expert_kernel", lambda: moe_call(256, 33)),
+    "moe_m256_scan": ("_moe_expert_kernel", lambda: moe_call(256, 1 << 30)),  # no row lists
     "nvfp4_m1": ("_nvfp4_gemv_kernel", lambda: nvfp4_call(1)),
     "qkv_m1": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(1)),
     "qkv_m64": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(64)),

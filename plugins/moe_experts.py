@@ -44,8 +44,10 @@ MAX_TOKENS = 256
 SHARED_TOKENS = 64       # the shared expert's tokens per unit past that many (SH units)
 # Chunks of at least BY_EXPERT_TOKENS tokens give each expert one unit (E units) instead of
 # each (token, slot) pair (M·k units, most of them idle past E / k tokens): at M=64 336.7 ->
-# 324.2 µs, at 128 456.0 -> 440.9 (oe/chunks.log)
-BY_EXPERT_TOKENS = 33
+# 324.2 µs, at 128 456.0 -> 440.9 (oe/chunks.log). With row lists (ALIGN_TOKENS) from 16
+# tokens instead of 33 (h200-2026-12-02a/oi/chunks.log): M=16 134.8 -> 137.7 µs, 24 181.5 ->
+# 177.9, 32 225.2 -> 220.7: from 24.
+BY_EXPERT_TOKENS = 24
 # Chunks of at least ALIGN_TOKENS tokens (>= BY_EXPERT_TOKENS) read each expert's rows from
 # lists made once per chunk (plugins/moe_align.py: one more launch) instead of every program
 # scanning the chunk's ids (at 256 tokens the down projection's 5,200 programs scan 1,536 ids
@@ -54,7 +56,7 @@ BY_EXPERT_TOKENS = 33
 # lists (bench/moe_chunks.py, bench/results/h200-2026-12-02a/oh/chunks.log): 279.1 / 321.7 /
 # 384.1 / 434.7 / 498.7 / 560.4 -> 275.6 / 318.7 / 345.0 / 389.0 / 427.7 / 478.7; at 256
 # tokens the down projection 245.7 -> 152.8 µs (Nsight Compute, -12-01e/nr/ -> -12-02a/oh/).
-ALIGN_TOKENS = 33
+ALIGN_TOKENS = 24
 # K step: 128 against 256 (H200, bench/results/h200-2026-11-30h/zp/): same bits, half the shared
 # memory, faster at every M then (M=64 728.5 -> 641.0 µs)
 BLOCK_K = 128
