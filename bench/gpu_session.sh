@@ -62,6 +62,8 @@
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
+#   PART=ok bash bench/gpu_session.sh   (~4 min, no engine) fp8_gemv swapped to 144 rows: gpu_check
+#       fp8gemv,fp8fused,splitk; whole verification steps (1 and 16 streams, 1-9 tokens each)
 #   PART=oj bash bench/gpu_session.sh   (~4 min, no engine) fp8_gemv at 80 / 128 / 144 rows
 #       (verification passes): the swapped form in 16- / 32- / 64-row tiles against the 16-row
 #       form with 4 row tiles per program (bench/wide_swap.py --ms, --swap-rows 256)
@@ -171,6 +173,12 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  ok)
+    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts verify --budget 120 \
+      --no-eager
+    pack ok
+    ;;
   oj)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step wide 300 python3 bench/wide_swap.py --kernels fp8 --ms 80,128,144 --swap-rows 256

@@ -47,7 +47,7 @@ ROWS = 16
 # kf/): QKV M=64 25.5 -> 22.1 µs, o_proj 23.7 -> 20.3, drafter 7680x2560 52.4 -> 48.6; M=32
 # 16.7 -> 14.7; the same bits (a tile's rows and K order do not change).
 MAX_TILES = 1
-# Plain per-tensor GEMVs past SWAP_ROWS rows (QKV, o_proj): 32-wide N tiles, up to 4 row tiles
+# Plain per-tensor GEMVs past SWAP_ROWS rows (QKV, o_proj; timed past 64): 32-wide N tiles, up to 4 row tiles
 # per program, each weight decoded once (H200, the same bits: QKV M=64 21.1 -> 13.1 µs,
 # bench/results/h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not timed so.
 WIDE_TILES = (32, 4)    # (N tile, row tiles per program)
@@ -63,10 +63,15 @@ DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit plac
 # Past 8 rows the same form in 16- and 32-row tiles at stages 3 (H200, the same bits,
 # bench/results/h200-2026-12-01e/od/wide.log, µs for M = 16 / 32 / 64 against the 16-row form):
 # QKV 7.7 / 9.5 / 13.0 -> 7.7 / 8.5 / 12.1, o_proj 7.1 / 8.7 / 11.3 -> 6.8 / 8.7 / 11.5, the
-# drafter's block-scaled 7680x2560 15.6 / 29.2 / 47.9 -> 9.9 / 15.1 / 23.2.
-SWAP_ROWS = 64
+# drafter's block-scaled 7680x2560 15.6 / 29.2 / 47.9 -> 9.9 / 15.1 / 23.2. Past 64 rows
+# (verification passes) in 16-row tiles against WIDE_TILES (the same bits; µs at M = 80 / 128 /
+# 144, bench/results/h200-2026-12-02a/oj/wide.log): QKV 20.4 / 18.9 / 37.4 -> 15.7 / 21.4 /
+# 22.2, o_proj 17.5 / 17.3 / 24.0 -> 14.0 / 19.7 / 21.4, the drafter's block-scaled 58.2 /
+# 90.1 / 100.8 -> 32.5 / 49.1 / 54.8 (32-row tiles 35.1 / 42.0 / 50.9; 4 warps, stages 5
+# and 64-row tiles lost).
+SWAP_ROWS = 144
 # (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
-SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3))
+SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.

@@ -57,11 +57,11 @@ def test_nvfp4_row_tiles_keep_bits(interp, monkeypatch, max_tiles):
     assert torch.equal(nvfp4_gemv(x, *w, interpret=True), want)
 
 
-@pytest.mark.parametrize("swap_rows", [0, 64])
+@pytest.mark.parametrize("swap_rows", [0, 144])
 @pytest.mark.parametrize("mode", ["tensor", "channel", "block"])
 @pytest.mark.parametrize("M,N,K", SHAPES + [(5, 7, 33)])
 def test_fp8_interpreter(interp, monkeypatch, mode, M, N, K, swap_rows):
-    """Both operand orders: fp8_gemv.SWAP_ROWS 64 (the default) takes M <= 64 as W·x^T, 0
+    """Both operand orders: fp8_gemv.SWAP_ROWS 144 (the default) takes M <= 144 as W·x^T, 0
     never."""
     if mode == "block" and K % 64:
         pytest.skip("block scales need K % 64 == 0")
@@ -84,6 +84,7 @@ def test_fp8_wide_tiles_keep_bits(interp, monkeypatch, wide):
     g = T.gen(78)
     x = T.randn((33, 256), g)
     w = T.fp8_weight(72, 256, "tensor", g)
+    monkeypatch.setattr(f8, "SWAP_ROWS", 0)   # 33 rows take the 16-row form
     monkeypatch.setattr(f8, "WIDE_TILES", (16, 1))
     want = fp8_gemv(x, *w, interpret=True)
     monkeypatch.setattr(f8, "WIDE_TILES", wide)
@@ -113,9 +114,9 @@ def test_swapped_form_keeps_bits(interp, monkeypatch, M):
         assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
 
 
-@pytest.mark.parametrize("M,rows", [(20, 16), (33, 32), (33, 16)])
-def test_wide_swapped_tiles_keep_bits(interp, monkeypatch, M, rows):
-    """fp8_gemv's swapped form past 8 rows (SWAP_ROWS 64, 16- or 32-row tiles: one row tile
+@pytest.mark.parametrize("M,rows", [(20, 16), (33, 32), (33, 16), (70, 16)])
+def test_wide_swapped_tiles_keep_bits(interp_f64_dots, monkeypatch, M, rows):
+    """fp8_gemv's swapped form past 8 rows (SWAP_ROWS 144, 16- or 32-row tiles: one row tile
     per program, several programs along M; the default, timed by bench/wide_swap.py) gives the
     16-row form's bits (SWAP_ROWS 0), as on the H200. (nvfp4_gemv's wide swapped tiles gave
     other bits there, and were slower: bench/results/h200-2026-12-01e/od/; not used.)"""
@@ -124,17 +125,18 @@ def test_wide_swapped_tiles_keep_bits(interp, monkeypatch, M, rows):
     for mod, fn, w in _swap_cases(g)[:2]:
         monkeypatch.setattr(mod, "SWAP_ROWS", 0)
         want = fn(x, *w, interpret=True)
-        monkeypatch.setattr(mod, "SWAP_ROWS", 64)
-        monkeypatch.setattr(mod, "SWAP_TILES", ((64, rows, 1, 3),))
+        monkeypatch.setattr(mod, "SWAP_ROWS", 144)
+        monkeypatch.setattr(mod, "SWAP_TILES", ((144, rows, 1, 3),))
         assert torch.equal(fn(x, *w, interpret=True), want), mod.__name__
-        monkeypatch.undo()
 
 
 def test_fp8_swap_tile_by_rows():
-    """fp8_gemv's swapped tiles by M (SWAP_TILES): 8 rows up to 8, 16 up to 32, 32 up to 64."""
+    """fp8_gemv's swapped tiles by M (SWAP_TILES): 8 rows up to 8, 16 up to 32, 32 up to 64,
+    16 up to 144."""
     import importlib
     f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
-    assert [f8.swap_tile(m)[0] for m in (1, 8, 9, 32, 33, 64)] == [8, 8, 16, 16, 32, 32]
+    ms = (1, 8, 9, 32, 33, 64, 65, 144)
+    assert [f8.swap_tile(m)[0] for m in ms] == [8, 8, 16, 16, 32, 32, 16, 16]
     assert f8.swap_tile(20)[1] == dict(num_warps=1, num_stages=3)
 
 
