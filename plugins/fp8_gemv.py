@@ -72,6 +72,9 @@ DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit plac
 SWAP_ROWS = 144
 # (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
 SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
+# Row counts at which plain per-tensor GEMVs keep WIDE_TILES though M <= SWAP_ROWS: full groups
+# of 64 rows (QKV / o_proj at 128 rows 18.9 / 17.3 µs against 21.4 / 19.7 swapped, oj/)
+WIDE_ROWS = (128,)
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
@@ -276,6 +279,14 @@ def swap_tile(m: int) -> tuple[int, dict]:
     return rows, dict(num_warps=warps, num_stages=stages)
 
 
+def swapped(m: int, f: Fusion, mode: int) -> bool:
+    """Whether m rows take the swapped form W·x^T (SWAP_ROWS, not with a norm, WIDE_ROWS for
+    plain per-tensor GEMVs); both forms give the same bits."""
+    if m > SWAP_ROWS or f.norm is not None:
+        return False
+    return not (m in WIDE_ROWS and f.plain and mode == MODE_TENSOR)
+
+
 def split_k_for(n: int, k: int) -> int:
     """K splits asked for (a function of N and K only: batch invariance); the launch drops empty
     ranges (_split_k.num_splits)."""
@@ -301,9 +312,9 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     if M == 0 or N == 0:
         return y
     check_decode("fp8_gemv", DECODE)
-    swap = M <= SWAP_ROWS and f.norm is None
-    rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
     mode = scale_mode(weight, weight_scale)
+    swap = swapped(M, f, mode)
+    rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
     wide = not swap and f.plain and mode == MODE_TENSOR
     mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
     bn = WIDE_TILES[0] if wide else block_n_for(N)

@@ -140,6 +140,20 @@ def test_fp8_swap_tile_by_rows():
     assert f8.swap_tile(20)[1] == dict(num_warps=1, num_stages=3)
 
 
+def test_fp8_swapped_by_rows_and_form():
+    """fp8_gemv takes W·x^T up to SWAP_ROWS rows, except with a norm and, for plain per-tensor
+    GEMVs, at WIDE_ROWS (128: two full 64-row groups of WIDE_TILES); block scales swap there."""
+    import importlib
+    f8 = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
+    from kolibri_trt_plugins._gemv_fusion import NO_FUSION, Fusion
+    tensor, block = f8.MODE_TENSOR, f8.MODE_BLOCK
+    assert [f8.swapped(m, NO_FUSION, tensor) for m in (1, 64, 127, 128, 144, 145)] == [
+        True, True, True, False, True, False]
+    assert f8.swapped(128, NO_FUSION, block)
+    normed = Fusion(norm=torch.ones(4), norm_segments=1)
+    assert not f8.swapped(1, normed, tensor)
+
+
 def test_unknown_decode_mode_raises(monkeypatch):
     """A DECODE setting the kernels do not have raises, naming the module (no silent fallback)."""
     import importlib
