@@ -3,8 +3,8 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh, oi and cc, fz, gb, gk, st, tr, zu) were removed once their results were
-# written up: each results README (bench/results/*/README.md) names the commit whose
+# n* parts, oa, od, oe, of, oh-ok and cc, fz, gb, gk, st, tr, zu) were removed once their
+# results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
@@ -62,11 +62,6 @@
 #   PART=ob bash bench/gpu_session.sh   (~9 min, engine carry-b) final checks after kernel changes:
 #       gpu_check of every kernel, the trained default's gpu_runtime and gpu_drafter graphs,
 #       whole decode and verify steps under the default PDL
-#   PART=ok bash bench/gpu_session.sh   (~4 min, no engine) fp8_gemv swapped to 144 rows: gpu_check
-#       fp8gemv,fp8fused,splitk; whole verification steps (1 and 16 streams, 1-9 tokens each)
-#   PART=oj bash bench/gpu_session.sh   (~4 min, no engine) fp8_gemv at 80 / 128 / 144 rows
-#       (verification passes): the swapped form in 16- / 32- / 64-row tiles against the 16-row
-#       form with 4 row tiles per program (bench/wide_swap.py --ms, --swap-rows 256)
 #   PART=og bash bench/gpu_session.sh   (~2 min, no engine) the MoE's n-tiles past 64 tokens and K
 #       split at 1-4 tokens (bench/moe_chunks.py --variants tiles, bits against the defaults)
 #   PART=nr bash bench/gpu_session.sh   (~5 min, no engine) Nsight Compute on the MoE experts at
@@ -173,17 +168,6 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  ok)
-    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk
-    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts verify --budget 120 \
-      --no-eager
-    pack ok
-    ;;
-  oj)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step wide 300 python3 bench/wide_swap.py --kernels fp8 --ms 80,128,144 --swap-rows 256
-    pack oj
-    ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step tiles 150 python3 bench/moe_chunks.py --variants tiles
