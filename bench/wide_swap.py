@@ -47,13 +47,14 @@ NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
 K = 2560
 FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
-# (SWAP_ROWS, ROWS_SWAP, num_warps, num_stages) of the swapped kernel; None: the file's
 def fp8_grid(swap_rows: int) -> list[tuple]:
+    """(SWAP_ROWS, rows per tile, num_warps, num_stages) variants of fp8_gemv's swapped form."""
     grid = [(swap_rows, r, w, s) for r, w, s in itertools.product((16, 32), (1, 4), (3, 5))]
     return grid + ([(swap_rows, 64, 4, 3)] if swap_rows > 64 else [])
 
 
 def nv_grid(swap_rows: int) -> list[tuple]:
+    """(SWAP_ROWS, ROWS_SWAP, num_warps, num_stages) variants of nvfp4_gemv's swapped form."""
     return [(swap_rows, r, 4, s) for r, s in itertools.product((16, 32, 64), (3, 4))]
 
 

@@ -47,9 +47,10 @@ ROWS = 16
 # kf/): QKV M=64 25.5 -> 22.1 µs, o_proj 23.7 -> 20.3, drafter 7680x2560 52.4 -> 48.6; M=32
 # 16.7 -> 14.7; the same bits (a tile's rows and K order do not change).
 MAX_TILES = 1
-# Plain per-tensor GEMVs past SWAP_ROWS rows (QKV, o_proj; timed past 64): 32-wide N tiles, up to 4 row tiles
-# per program, each weight decoded once (H200, the same bits: QKV M=64 21.1 -> 13.1 µs,
-# bench/results/h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not timed so.
+# Plain per-tensor GEMVs past SWAP_ROWS rows and at WIDE_ROWS (QKV, o_proj): 32-wide N tiles,
+# up to 4 row tiles per program, each weight decoded once (H200, the same bits: QKV M=64 21.1
+# -> 13.1 µs, bench/results/h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not
+# timed so.
 WIDE_TILES = (32, 4)    # (N tile, row tiles per program)
 SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
@@ -279,12 +280,17 @@ def swap_tile(m: int) -> tuple[int, dict]:
     return rows, dict(num_warps=warps, num_stages=stages)
 
 
+def _wide_form(f: Fusion, mode: int) -> bool:
+    """Whether the 16-row form may take WIDE_TILES: plain per-tensor GEMVs only."""
+    return f.plain and mode == MODE_TENSOR
+
+
 def swapped(m: int, f: Fusion, mode: int) -> bool:
     """Whether m rows take the swapped form W·x^T (SWAP_ROWS, not with a norm, WIDE_ROWS for
     plain per-tensor GEMVs); both forms give the same bits."""
     if m > SWAP_ROWS or f.norm is not None:
         return False
-    return not (m in WIDE_ROWS and f.plain and mode == MODE_TENSOR)
+    return not (m in WIDE_ROWS and _wide_form(f, mode))
 
 
 def split_k_for(n: int, k: int) -> int:
@@ -315,7 +321,7 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     mode = scale_mode(weight, weight_scale)
     swap = swapped(M, f, mode)
     rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
-    wide = not swap and f.plain and mode == MODE_TENSOR
+    wide = not swap and _wide_form(f, mode)
     mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
     bn = WIDE_TILES[0] if wide else block_n_for(N)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
