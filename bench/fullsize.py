@@ -56,7 +56,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
-from fs_common import AIMS, BW, Bench, build_engine, log  # noqa: E402
+from fs_common import AIMS, BW, Bench, build_engine, log, unfuse_norms  # noqa: E402
 from fs_parts import part_decode, part_kv, part_verify  # noqa: E402
 from fs_profile import part_profile  # noqa: E402
 from fs_drafter import part_drafter  # noqa: E402
@@ -128,6 +128,8 @@ def parse(argv=None):
                    help="cache budget on CPU (--tiny), where free memory is not measured")
     p.add_argument("--no-eager", action="store_true", help="skip the eager timings")
     p.add_argument("--no-attrib", action="store_true", help="skip the per-class attribution")
+    p.add_argument("--unfused-norms", action="store_true",
+                   help="A/B: o_proj and the MoE, then add_rms_norm, as separate launches")
     args = p.parse_args(argv)
     args.parts = list(PARTS) if args.parts == "all" else [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]
@@ -158,6 +160,8 @@ def main(argv=None) -> int:
     log(f"fullsize: parts {args.parts} on {b.dev} ({meta.get('gpu', 'cpu')}), budget "
         f"{args.budget:.0f} s, block {b.bs}")
     torch.set_grad_enabled(False)
+    if args.unfused_norms:
+        unfuse_norms()
     status = 0
     try:
         build_engine(b)

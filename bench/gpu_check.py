@@ -4,14 +4,15 @@ the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager),
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
     python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,splitk,norm,
-        qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
+        normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, qknorm, gumbel, vocabargmax)
+(nvfp4, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, normfused, qknorm, gumbel,
+vocabargmax)
 and
 gpu_check_drafter.py (ringattn, ropering, chainindex); the
 shared state (RESULTS, DEV, GRAPHS), TOL and the record / graph helpers in gpu_check_base.py.
@@ -68,6 +69,7 @@ from gpu_check_gemm import (  # noqa: F401
 from gpu_check_misc import (  # noqa: F401
     check_gumbel,
     check_norm,
+    check_norm_fused,
     check_vocab_argmax,
     check_vocab_argmax_keyed,
     check_qk_norm_rope,
@@ -98,6 +100,7 @@ SECTIONS = {
     "moe": check_moe,
     "splitk": check_split_k,
     "norm": check_norm,
+    "normfused": check_norm_fused,
     "qknorm": check_qk_norm_rope,
     "gumbel": check_gumbel,
     "ringattn": check_ring_attention,

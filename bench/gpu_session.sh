@@ -7,6 +7,13 @@
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
+#   PART=pa bash bench/gpu_session.sh   the o_proj and MoE norms fused (~9 min): gpu_check of the
+#       fused ops and the kernels they touch, whole decode + verify steps fused / unfused
+#       (bench/fullsize.py --unfused-norms), the read ceiling (bench/read_ceiling.py), the GEMV,
+#       MoE and fused-norm rows of bench/plugins.py against it.
+#   PART=pb bash bench/gpu_session.sh   gpu_runtime + gpu_drafter graphs on the trained default
+#       with the fused norms, the attention rows of bench/plugins.py against the read ceiling,
+#       whole decode steps again (~8 min).                      carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -168,6 +175,30 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  pa)
+    step check 150 python3 bench/gpu_check.py --only normfused,norm,fp8gemv,fp8fused,splitk,moe
+    unset KOLIBRI_PDL   # whole steps under the default PDL: fused norms, then unfused, then fused
+    step fs_fused 110 python3 bench/fullsize.py --out "$OUT/fs_fused" --parts decode,verify \
+      --no-eager --no-attrib --budget 90
+    step fs_unfused 110 python3 bench/fullsize.py --out "$OUT/fs_unfused" --parts decode,verify \
+      --no-eager --no-attrib --budget 90 --unfused-norms
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step ceiling 60 python3 bench/read_ceiling.py
+    step plugins 140 python3 bench/plugins.py --only gemv,moe,fused --ceiling --quick \
+      --csv "$OUT/plugins.csv"
+    pack pa
+    ;;
+  pb)
+    unpack carry-b
+    minichecks 230 60 graphs
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step plugins_attn 200 python3 bench/plugins.py --only attn,fold --ceiling --quick \
+      --csv "$OUT/plugins_attn.csv"
+    unset KOLIBRI_PDL
+    step fs_fused2 100 python3 bench/fullsize.py --out "$OUT/fs_fused2" --parts decode \
+      --no-eager --no-attrib --budget 80
+    pack pb
+    ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step tiles 150 python3 bench/moe_chunks.py --variants tiles

@@ -23,6 +23,7 @@ ITERS, REPEATS = 20, 5
 DEV = "cuda"
 ROWS: list[dict] = []
 APPLY_BEST = True  # --only sweep,...: the sections after the sweep run with its winners
+CEILING = False    # report(): also time the best plain read of the row's bytes (read_ceiling)
 E4M3 = torch.float8_e4m3fn
 
 
@@ -61,14 +62,21 @@ def sets_for(nbytes: float) -> int:
 
 
 def report(kernel, shape, us, nbytes, stock_us=None, note=""):
+    """Print and keep one row: time, bytes, TB/s, % of BW, the stock op's time and, with
+    CEILING, the best plain read of the same bytes (bench/read_ceiling.py) and us against it."""
     tbs = nbytes / (us * 1e-6) / 1e12
+    ceil = None
+    if CEILING:
+        import read_ceiling
+        ceil = read_ceiling.ceiling_us(nbytes)[0]
     row = dict(kernel=kernel, shape=shape, us=us, MB=nbytes / 1e6, TBs=tbs, pct=100 * tbs * 1e12 / BW,
-               stock_us=stock_us, note=note)
+               stock_us=stock_us, note=note, ceiling_us=ceil)
     ROWS.append(row)
     st = f"{stock_us:9.1f}" if stock_us else "        -"
     sp = f"{stock_us / us:5.2f}x" if stock_us else "     -"
+    cl = f" | read {ceil:7.1f} µs ({100 * ceil / us:5.1f}%)" if ceil else ""
     print(f"{kernel:22s} {shape:34s} {us:9.1f} µs {nbytes / 1e6:9.2f} MB {tbs:5.2f} TB/s "
-          f"{row['pct']:5.1f}% | stock {st} µs {sp} {note}", flush=True)
+          f"{row['pct']:5.1f}% | stock {st} µs {sp}{cl} {note}", flush=True)
 
 
 def paged_tables(B, ctx, blk):

@@ -2,7 +2,8 @@
 """Time every kolibri_trt_plugins kernel at full Kolibri-1 sizes on the H200, next to stock torch,
 and run the INT4-key error study. One call:
 
-    python3 bench/plugins.py [--only attn,gemv,moe,fold,study] [--quick] [--csv FILE]
+    python3 bench/plugins.py [--only attn,gemv,moe,fused,fold,study] [--quick] [--csv FILE]
+        [--ceiling]   # each row also against the best plain read of its bytes
     python3 bench/plugins.py --only splitk [--quick]   # fp8 GEMV + MoE tiling/split-K sweeps only
                                                        # (or splitk_gemv / splitk_moe: one each)
     python3 bench/plugins.py --only moe_tiles [--quick] # MoE expert tile widths
@@ -58,7 +59,9 @@ load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention  # noqa: E402
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention  # noqa: E402
-from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
+from kolibri_trt_plugins.moe import moe_forward, moe_forward_add_rms_norm  # noqa: E402
+from kolibri_trt_plugins.add_rms_norm import add_rms_norm  # noqa: E402
+from kolibri_trt_plugins.gemv_add_rms_norm import fp8_gemv_add_rms_norm  # noqa: E402
 from kolibri_trt_plugins.moe_route import moe_route_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_dequantize_ref, nvfp4_gemv  # noqa: E402
@@ -223,6 +226,37 @@ def bench_moe(quick):
                f"experts read={distinct:.1f}+1")
 
 
+# ---------------------------------------------------------------- norms fused into o_proj / MoE
+def bench_fused(quick):
+    """fp8_gemv_add_rms_norm (o_proj 2560x2560) and moe_forward_add_rms_norm against the
+    launches they replace (stock column: fp8_gemv / moe_forward, then add_rms_norm)."""
+    E, H, inter, k = 256, 2560, 768, 6
+    nsets = sets_for(H * H)
+    ws = [(torch.randn((H, H), device=DEV).to(E4M3), torch.tensor([0.02], device=DEV))
+          for _ in range(nsets)]
+    gain = torch.ones(H, device=DEV).bfloat16()
+    for M in (1, 4, 16, 64):
+        x, r = (torch.randn((M, H), device=DEV).bfloat16() for _ in range(2))
+        us = time_calls([lambda w=w: fp8_gemv_add_rms_norm(x, *w, r, gain) for w in ws])
+        st = time_calls([lambda w=w: add_rms_norm(r, fp8_gemv(x, *w), gain) for w in ws])
+        report("fp8_gemv_add_rms_norm", f"o_proj M={M} N={H} K={H}", us, H * H + 5 * M * H * 2,
+               st, "stock = fp8_gemv + add_rms_norm")
+    del ws
+    wts = moe_weights(E, H, inter)
+    for M in (1, 4, 16, 64):
+        xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
+        r = torch.randn((M, H), device=DEV).bfloat16()
+        distinct = statistics.mean(len(set(moe_route_ref(x, wts[0], k)[0].flatten().tolist()))
+                                   for x in xs)
+        nbytes = E * H * 2 + (distinct + 1) * (3 * inter * H + 4) + 4 * M * H * 2
+        us = time_calls([lambda x=x: moe_forward_add_rms_norm(
+            x, *wts, residual=r, norm_weight=gain, top_k=k) for x in xs])
+        st = time_calls([lambda x=x: add_rms_norm(r, moe_forward(x, *wts, top_k=k), gain)
+                         for x in xs])
+        report("moe_forward_add_rms_norm", f"M={M} E=256 top6 H=2560 I=768", us, nbytes, st,
+               "stock = moe_forward + add_rms_norm")
+
+
 # ---------------------------------------------------------------- fold
 def bench_fold(quick):
     hq, hkv, blk = 20, 4, 64
@@ -267,10 +301,13 @@ def bench_rope_write(hq, hkv):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="study,attn,gemv,moe,fold")
+    ap.add_argument("--only", default="study,attn,gemv,moe,fused,fold")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="each row also against the best plain read of its bytes (read_ceiling)")
     args = ap.parse_args()
+    PT.CEILING = args.ceiling
     if args.quick:
         PT.ITERS, PT.REPEATS = 10, 3  # read by time_calls when it runs
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -284,7 +321,7 @@ def main():
             else:
                 print(hdr)
                 {"attn": bench_attention, "gemv": lambda q: (bench_nvfp4(q), bench_fp8(q)),
-                 "moe": bench_moe, "fold": bench_fold, "sweep": bench_sweep,
+                 "moe": bench_moe, "fused": bench_fused, "fold": bench_fold, "sweep": bench_sweep,
                  "splitk": lambda q: (sweep_fp8_gemv(q), sweep_moe(q)),
                  "splitk_gemv": sweep_fp8_gemv, "splitk_moe": sweep_moe,
                  "moe_tiles": sweep_moe_tiles}[sec](args.quick)
@@ -294,10 +331,11 @@ def main():
         print(f"-- {sec}: {time.time() - t0:.1f} s", flush=True)
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("kernel,shape,us,MB,TBs,pct_bw,stock_us,note\n")
+            f.write("kernel,shape,us,MB,TBs,pct_bw,stock_us,read_ceiling_us,note\n")
             for r in ROWS:
                 f.write(f"{r['kernel']},{r['shape']},{r['us']:.2f},{r['MB']:.3f},{r['TBs']:.3f},"
-                        f"{r['pct']:.1f},{r['stock_us'] or ''},{r['note']}\n")
+                        f"{r['pct']:.1f},{r['stock_us'] or ''},{r['ceiling_us'] or ''},"
+                        f"{r['note']}\n")
     return 0
 
 

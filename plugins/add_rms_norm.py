@@ -37,6 +37,27 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
     tl.store(y_ptr + t * N + n, y.to(tl.bfloat16), mask=m)
 
 
+@jit
+def rms_norm_row(h_ptr, w_ptr, t, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+    """fp32 [BLOCK] (zero past N): bf16 row t of h [*, N] (contiguous) read back, then
+    ``(h * rsqrt(mean(h²) + eps)) * w``, this kernel's maths, for the kernels that write h
+    themselves first (fp8_gemv_add_rms_norm, moe_forward_add_rms_norm: the row's loads and
+    its sum take the same form as here; a barrier before the call makes h visible)."""
+    n = tl.arange(0, BLOCK)
+    m = n < N
+    x = tl.load(h_ptr + t * N + n, mask=m, other=0.0).to(tl.float32)
+    ms = tl.sum(x * x, 0) * (1.0 / N)
+    w = tl.load(w_ptr + n, mask=m, other=0.0).to(tl.float32)
+    return (x * tl.math.rsqrt(ms + eps)) * w
+
+
+def norm_config(n: int) -> dict:
+    """Launch settings of a row-per-program norm over n columns (BLOCK, num_warps): the ones
+    add_rms_norm launches with, for the kernels that end in `rms_norm_row`."""
+    block = next_pow2(n)
+    return dict(BLOCK=block, num_warps=8 if block >= 2048 else 4)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """kolibri_trt.model.ops.rms_norm, line for line (plugins never import kolibri_trt)."""
     xf = x.float()
@@ -85,12 +106,10 @@ def _launch(x, residual, weight, eps, interpret):
     y = torch.empty((T, N), dtype=torch.bfloat16, device=x.device)
     h = x if residual is None else torch.empty((T, N), dtype=torch.bfloat16, device=x.device)
     if T:
-        block = next_pow2(N)
         r = x if residual is None else residual  # never read without HAS_RES
         launch(_add_rms_norm_kernel, (T,), x, r, weight, h, y, x.stride(0), r.stride(0),
-               float(eps), N=N, BLOCK=block, HAS_RES=residual is not None,
-               num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False, interpret=interpret,
-               pdl_early=early_launch("norm", T))
+               float(eps), N=N, HAS_RES=residual is not None, **norm_config(N),
+               enable_fp_fusion=False, interpret=interpret, pdl_early=early_launch("norm", T))
     return h, y
 
 

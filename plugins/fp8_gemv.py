@@ -42,15 +42,12 @@ from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
-# 16-row tiles per program. One: at 32 and 64 rows each tile's program re-reads the weight
-# tile, from L2, and more programs run (H200, bench/gemv_tune.py, bench/results/h200-2026-11-30k/
-# kf/): QKV M=64 25.5 -> 22.1 µs, o_proj 23.7 -> 20.3, drafter 7680x2560 52.4 -> 48.6; M=32
-# 16.7 -> 14.7; the same bits (a tile's rows and K order do not change).
+# 16-row tiles per program. One: past 16 rows each tile's program re-reads the weight tile from
+# L2 and more programs run (H200, the same bits: QKV M=64 25.5 -> 22.1 µs, h200-2026-11-30k/kf/).
 MAX_TILES = 1
-# Plain per-tensor GEMVs past SWAP_ROWS rows and at WIDE_ROWS (QKV, o_proj): 32-wide N tiles,
-# up to 4 row tiles per program, each weight decoded once (H200, the same bits: QKV M=64 21.1
-# -> 13.1 µs, bench/results/h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not
-# timed so.
+# Plain per-tensor GEMVs past SWAP_ROWS rows and at WIDE_ROWS: 32-wide N tiles, up to 4 row
+# tiles per program, each weight decoded once (H200, the same bits: QKV M=64 21.1 -> 13.1 µs,
+# h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not timed so.
 WIDE_TILES = (32, 4)    # (N tile, row tiles per program)
 SUB_K = 64          # block-scale width
 BLOCK_K = 256       # K per step (one load, one dot)
@@ -58,18 +55,9 @@ BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # At most SWAP_ROWS rows (0: never) without a norm compute y^T = W·x^T, the weight tile the
-# MMA's A operand and the rows its N (one row tile per program, SWAP_TILES, one warp; plugins/
-# NOTES.md "Weights as the MMA's A operand"): H200 at one row, the same bits, QKV 9.0 -> 7.0
-# µs, the drafter's block-scaled 7680x2560 16.0 -> 8.8 (bench/results/h200-2026-12-01b/nl/).
-# Past 8 rows the same form in 16- and 32-row tiles at stages 3 (H200, the same bits,
-# bench/results/h200-2026-12-01e/od/wide.log, µs for M = 16 / 32 / 64 against the 16-row form):
-# QKV 7.7 / 9.5 / 13.0 -> 7.7 / 8.5 / 12.1, o_proj 7.1 / 8.7 / 11.3 -> 6.8 / 8.7 / 11.5, the
-# drafter's block-scaled 7680x2560 15.6 / 29.2 / 47.9 -> 9.9 / 15.1 / 23.2. Past 64 rows
-# (verification passes) in 16-row tiles against WIDE_TILES (the same bits; µs at M = 80 / 128 /
-# 144, bench/results/h200-2026-12-02a/oj/wide.log): QKV 20.4 / 18.9 / 37.4 -> 15.7 / 21.4 /
-# 22.2, o_proj 17.5 / 17.3 / 24.0 -> 14.0 / 19.7 / 21.4, the drafter's block-scaled 58.2 /
-# 90.1 / 100.8 -> 32.5 / 49.1 / 54.8 (32-row tiles 35.1 / 42.0 / 50.9; 4 warps, stages 5
-# and 64-row tiles lost).
+# MMA's A operand and the rows its N (one row tile per program, SWAP_TILES; the same bits).
+# H200 µs against the 16-row form (plugins/NOTES.md "Weights as the MMA's A operand", "fp8_gemv's
+# swapped form to 144 rows"): QKV at 1 / 64 / 144 rows 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2.
 SWAP_ROWS = 144
 # (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
 SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
@@ -309,6 +297,49 @@ def scale_mode(weight, weight_scale) -> int:
     return MODE_BLOCK
 
 
+def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
+    """The main kernel over [M, N] into ``out``: bf16 y (split 1) or fp32 partials [S, M, N]."""
+    K, N = x.shape[1], weight.shape[0]
+    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
+    check_decode("fp8_gemv", DECODE)
+    mode = scale_mode(weight, weight_scale)
+    swap = swapped(M, f, mode)
+    rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
+    wide = not swap and _wide_form(f, mode)
+    mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
+    bn = WIDE_TILES[0] if wide else block_n_for(N)
+    grid = (cdiv(N, bn), cdiv(M, rows * mt)) + ((split,) if split > 1 else ())
+    nseg = 0 if f.norm is None else f.norm_segments
+    # no FMA contraction when fused: the fused steps keep torch's separate roundings
+    extra = {} if f.plain else dict(enable_fp_fusion=False)
+    ids = x if f.x_rows is None else f.x_rows
+    launch(_fp8_gemv_kernel, grid, x, weight, weight_scale, out,
+           x if f.norm is None else f.norm, x if f.residual is None else f.residual, ids,
+           M, N, K, x.stride(0), 0 if f.residual is None else f.residual.stride(0),
+           0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps), MODE=mode, BLOCK_N=bn,
+           BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
+           DECODE=1 if interpret else DECODE, SWAP=swap, NORM_P=next_pow2(nseg),
+           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split,
+           ACT=ACTS.index(f.act) if split == 1 else 0,
+           RES=f.residual is not None and split == 1, pdl_early=early_launch("gemv", M),
+           **extra, **tune)
+
+
+def launch_partials(x, weight, weight_scale, interpret: bool = False):
+    """fp32 partials [S, M, N] of the plain product x·Wᵀ over the S K ranges of
+    `split_k_for` (block scales applied, per-tensor / per-channel ones not), or None when the
+    shape is not split (S = 1). The first half of a split GEMV, for kernels that finish the
+    sum themselves (fp8_gemv_add_rms_norm). Arguments as :func:`fp8_gemv` (checked there)."""
+    K, N = x.shape[1], weight.shape[0]
+    split = num_splits(K, split_k_for(N, K), BLOCK_K)
+    if split == 1:
+        return None
+    part = torch.empty((split, x.shape[0], N), dtype=torch.float32, device=x.device)
+    if part.numel():
+        _launch_main(x, weight, weight_scale, NO_FUSION, interpret, part, split)
+    return part
+
+
 def _launch(x, weight, weight_scale, f: Fusion, interpret):
     K = x.shape[1]
     M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
@@ -317,40 +348,38 @@ def _launch(x, weight, weight_scale, f: Fusion, interpret):
     y = torch.empty((M, N // 2 if code == 2 else N), dtype=torch.bfloat16, device=x.device)
     if M == 0 or N == 0:
         return y
-    check_decode("fp8_gemv", DECODE)
-    mode = scale_mode(weight, weight_scale)
-    swap = swapped(M, f, mode)
-    rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
-    wide = not swap and _wide_form(f, mode)
-    mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
-    bn = WIDE_TILES[0] if wide else block_n_for(N)
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
-    grid = (cdiv(N, bn), cdiv(M, rows * mt))
-    nseg = 0 if f.norm is None else f.norm_segments
-    # no FMA contraction when fused: the fused steps keep torch's separate roundings
-    extra = {} if f.plain else dict(enable_fp_fusion=False)
-    ids = x if f.x_rows is None else f.x_rows
-    r = x if f.residual is None else f.residual
-    args = (x, weight, weight_scale, None, x if f.norm is None else f.norm, r, ids, M, N, K,
-            x.stride(0), 0 if f.residual is None else f.residual.stride(0),
-            0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps))
-    meta = dict(MODE=mode, BLOCK_N=bn, BLOCK_K=BLOCK_K,
-                SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
-                DECODE=1 if interpret else DECODE, SWAP=swap,
-                NORM_P=next_pow2(nseg), X_ROWS=f.x_rows is not None, interpret=interpret,
-                **extra, **tune)
     if split == 1:
-        launch(_fp8_gemv_kernel, grid, *args[:3], y, *args[4:], ACT=code,
-               RES=f.residual is not None, pdl_early=early_launch("gemv", M), **meta)
+        _launch_main(x, weight, weight_scale, f, interpret, y, 1)
         return y
     part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-    launch(_fp8_gemv_kernel, grid + (split,), *args[:3], part, *args[4:], SPLIT=split,
-           pdl_early=early_launch("gemv", M), **meta)
+    _launch_main(x, weight, weight_scale, f, interpret, part, split)
+    r = x if f.residual is None else f.residual
     launch(_fp8_gemv_reduce_kernel, (M, cdiv(N, BLOCK_R)), part, weight_scale, y, r, M, N,
-           args[11], MODE=meta["MODE"], SPLIT=split, BLOCK=BLOCK_R, ACT=code,
+           0 if f.residual is None else f.residual.stride(0),
+           MODE=scale_mode(weight, weight_scale), SPLIT=split, BLOCK=BLOCK_R, ACT=code,
            RES=f.residual is not None, num_warps=4, interpret=interpret,
-           pdl_early=early_launch("gemv", M), **extra)
+           pdl_early=early_launch("gemv", M),
+           **({} if f.plain else dict(enable_fp_fusion=False)))
     return y
+
+
+def check_args(x, weight, weight_scale) -> None:
+    """:func:`fp8_gemv`'s checks of x, weight and weight_scale (ValueError naming the one)."""
+    check_tensor("x", x, torch.bfloat16, (None, None), contiguous=False)
+    if x.stride(1) != 1:
+        raise ValueError(f"x: last dim must have stride 1, strides {x.stride()}")
+    K = x.shape[1]
+    check_tensor("weight", weight, torch.float8_e4m3fn, (None, K), x.device)
+    N = weight.shape[0]
+    check_tensor("weight_scale", weight_scale, torch.float32, None, x.device)
+    if weight_scale.dim() == 2:
+        if K % SUB_K:
+            raise ValueError(f"weight_scale: block scales need K % {SUB_K} == 0, K = {K}")
+        check_tensor("weight_scale", weight_scale, torch.float32, (N, K // SUB_K), x.device)
+    elif weight_scale.numel() != 1 and tuple(weight_scale.shape) != (N,):
+        raise ValueError(f"weight_scale: shape {tuple(weight_scale.shape)}, expected one element, "
+                         f"[{N}] or [{N}, {K // SUB_K}]")
 
 
 def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps: float = 1e-6,
@@ -378,20 +407,8 @@ def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps
     Source: shared/notes/modelopt.md (FP8 export), block-drafter.md §Serving quantisation;
     the fused steps: kolibri-1.md §Forward pass (RMSNorm, SwiGLU), the module docstring.
     """
-    check_tensor("x", x, torch.bfloat16, (None, None), contiguous=False)
-    if x.stride(1) != 1:
-        raise ValueError(f"x: last dim must have stride 1, strides {x.stride()}")
-    K = x.shape[1]
-    check_tensor("weight", weight, torch.float8_e4m3fn, (None, K), x.device)
+    check_args(x, weight, weight_scale)
     N = weight.shape[0]
-    check_tensor("weight_scale", weight_scale, torch.float32, None, x.device)
-    if weight_scale.dim() == 2:
-        if K % SUB_K:
-            raise ValueError(f"weight_scale: block scales need K % {SUB_K} == 0, K = {K}")
-        check_tensor("weight_scale", weight_scale, torch.float32, (N, K // SUB_K), x.device)
-    elif weight_scale.numel() != 1 and tuple(weight_scale.shape) != (N,):
-        raise ValueError(f"weight_scale: shape {tuple(weight_scale.shape)}, expected one element, "
-                         f"[{N}] or [{N}, {K // SUB_K}]")
     f = Fusion(norm, float(eps), act, residual, norm_segments, x_rows)
     check_fused(x, N, f)
     if interpret:

@@ -24,9 +24,10 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_paged_attention,
-                                 int4_paged_attention, moe_forward, nvfp4_gemv,
-                                 qk_norm_fold_int4, qk_norm_rope_kv_write)
+from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_gemv_add_rms_norm,
+                                 fp8_paged_attention, int4_paged_attention, moe_forward,
+                                 moe_forward_add_rms_norm, nvfp4_gemv, qk_norm_fold_int4,
+                                 qk_norm_rope_kv_write)
 
 from ..config import KolibriConfig
 from . import ops
@@ -96,10 +97,6 @@ class PluginModel:
         # float64 [D] RoPE frequencies (config-only), made once: a step's tables are 3 ops
         self.rope_inv_freq = ops.rope_inv_freq(config.head_dim, config.rope_theta, self.device)
 
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """The whole output from this rank's partial (identity at one rank)."""
-        return partial if self.all_reduce is None else self.all_reduce(partial)
-
     @torch.no_grad()
     def forward(self, meta: StepMetadata, caches: Sequence[Mapping[str, torch.Tensor]],
                 max_seq_len: int, max_q_len: int, all_rows: bool = False,
@@ -123,19 +120,37 @@ class PluginModel:
         taps = []
         for i, (w, cache) in enumerate(layers):
             a = self._attention(i, w, x, cache, meta, max_seq_len, max_q_len, rope)
-            h, x = add_rms_norm(h, self._reduce(fp8_gemv(a, w.o_proj, w.o_scale)), w.post_norm,
-                                eps)
-            sh = w.shared or (None, None, None, None)
-            out = self._reduce(moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
-                                           top_k=self.config.num_experts_per_tok,
-                                           renormalize=self.config.norm_topk_prob))
             nxt = layers[i + 1][0].input_norm if i + 1 < len(layers) else self.final_norm
-            h, x = add_rms_norm(h, out, nxt, eps)
+            h, x = self._mlp(w, self._o_proj(w, a, h, eps), nxt, eps)
             if i in tap_layers:
                 taps.append(h)
         rows = x if all_rows else x[meta.logits_rows]   # x = final_norm(h), row by row
         logits = rows.new_empty(rows.shape[0], 0) if self.head is None else self.head(rows)
         return logits.float(), (torch.stack(taps, dim=1) if tap_layers else None)
+
+    def _o_proj(self, w: LayerWeights, a: torch.Tensor, h: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + o_proj(a), post_attention_layernorm of it), bf16 [T, H] each: one fused op at
+        one rank (the split-K sum, the add and the norm in one launch), else the all-reduce
+        between the GEMV and the norm (the same maths)."""
+        if self.all_reduce is None:
+            return fp8_gemv_add_rms_norm(a, w.o_proj, w.o_scale, h, w.post_norm, eps)
+        return add_rms_norm(h, self.all_reduce(fp8_gemv(a, w.o_proj, w.o_scale)), w.post_norm,
+                            eps)
+
+    def _mlp(self, w: LayerWeights, hx: tuple[torch.Tensor, torch.Tensor], nxt: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + moe(x), the next norm of it) for hx = (h, x) after the attention block; nxt:
+        the next layer's input_layernorm gain (the final norm's after the last layer). One
+        rank: the add and the norm in the MoE's combine launch."""
+        h, x = hx
+        sh = w.shared or (None, None, None, None)
+        args = (x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh)
+        opts = dict(top_k=self.config.num_experts_per_tok,
+                    renormalize=self.config.norm_topk_prob)
+        if self.all_reduce is None:
+            return moe_forward_add_rms_norm(*args, residual=h, norm_weight=nxt, eps=eps, **opts)
+        return add_rms_norm(h, self.all_reduce(moe_forward(*args, **opts)), nxt, eps)
 
     def _rope_tables(self, meta: StepMetadata, num_layers: int
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
