@@ -136,7 +136,7 @@ def _(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_sca
     return torch.empty_like(x)
 
 
-def _check(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s):
+def _check(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s, top_k):
     check_tensor("x", x, torch.bfloat16, (None, None))
     M, H = x.shape
     dev = x.device
@@ -159,6 +159,8 @@ def _check(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw
         check_tensor("shared_w13_scale", sw13_s, torch.float32, (1,), dev)
         check_tensor("shared_w2", sw2, torch.float8_e4m3fn, (1, H, sw13.shape[1] // 2), dev)
         check_tensor("shared_w2_scale", sw2_s, torch.float32, (1,), dev)
+    if not 1 <= top_k <= E:
+        raise ValueError(f"top_k: {top_k} not in [1, {E}]")
 
 
 def moe_forward(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
@@ -181,9 +183,7 @@ def moe_forward(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
     Source: shared/spec/kolibri-1.md (MoE forward, router, tie rule, norm_topk_prob).
     """
     _check(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
-           shared_w2, shared_w2_scale)
-    if not 1 <= top_k <= router_weight.shape[0]:
-        raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
+           shared_w2, shared_w2_scale, top_k)
     args = (x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
             shared_w2, shared_w2_scale, int(top_k), bool(renormalize))
     if interpret:
@@ -239,9 +239,7 @@ def moe_forward_add_rms_norm(x, router_weight, w13, w13_scale, w2, w2_scale, sha
     Source: shared/spec/kolibri-1.md (MoE forward; §Forward pass, RMSNorm).
     """
     _check(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
-           shared_w2, shared_w2_scale)
-    if not 1 <= top_k <= router_weight.shape[0]:
-        raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
+           shared_w2, shared_w2_scale, top_k)
     check_tensor("residual", residual, torch.bfloat16, tuple(x.shape), x.device,
                  contiguous=False)
     if residual.stride(1) != 1:
