@@ -76,11 +76,6 @@ PRESETS["fp8_drafter_block"] = ("fp8_gemv", "_fp8_gemv_kernel",
                                 dict(PRESETS["fp8_qkv"][2], MODE=2, BLOCK_N=16),
                                 PRESETS["fp8_qkv"][3])
 
-PRESETS["moe_combine_norm"] = ("moe", "_moe_combine_kernel", dict(
-    o_ptr="*fp32", w_ptr="*fp32", y_ptr="*bf16", r_ptr="*bf16", g_ptr="*bf16", h_ptr="*bf16",
-    H="i32", so_m="i32", so_s="i32", sr_m="i32", eps="fp32", TOPK=6, HAS_SHARED=True,
-    BLOCK_H=4096, NORM=True), ("o_ptr", "w_ptr", "y_ptr", "r_ptr", "g_ptr", "h_ptr", "H",
-                                "so_m", "so_s", "sr_m"))
 PRESETS["splitk_norm"] = ("gemv_add_rms_norm", "_splitk_add_rms_norm_kernel", dict(
     p_ptr="*fp32", s_ptr="*fp32", r_ptr="*bf16", g_ptr="*bf16", h_ptr="*bf16", y_ptr="*bf16",
     M="i32", sr_m="i32", eps="fp32", N=2560, MODE=0, SPLIT=3, BLOCK=4096),

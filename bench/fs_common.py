@@ -26,8 +26,7 @@ MAX_DRAFTS = 8               # num_speculative_tokens: the sliding ring holds 1 
 AIMS = {"step_vs_floor_1": 1.25, "step_vs_floor_64": 1.5, "int4_sessions_gain_64k": 0.85,
         "verify4_vs_step_1": 1.15}
 OPS = ("fp8_gemv", "nvfp4_gemv", "moe_forward", "fp8_paged_attention", "int4_paged_attention",
-       "qk_norm_fold_int4", "qk_norm_rope_kv_write", "add_rms_norm", "fp8_gemv_add_rms_norm",
-       "moe_forward_add_rms_norm")
+       "qk_norm_fold_int4", "qk_norm_rope_kv_write", "add_rms_norm", "fp8_gemv_add_rms_norm")
 ATTR_CLASSES = ("attn_sliding", "attn_full", "qkv", "o_proj", "moe", "head", "norms")
 
 
@@ -253,16 +252,13 @@ def model_bytes(model) -> int:
 
 
 def unfuse_norms() -> None:
-    """--unfused-norms (A/B runs of whole steps): the model's fused o_proj and MoE norms as the
-    launches they replace, fp8_gemv / moe_forward then add_rms_norm (the same maths)."""
+    """--unfused-norms (A/B runs of whole steps): the model's o_proj with its norm as the
+    launches fp8_gemv_add_rms_norm replaces, fp8_gemv then add_rms_norm (the same maths)."""
     from kolibri_trt.model import plugin_model as pm
-    from kolibri_trt_plugins import add_rms_norm, fp8_gemv, moe_forward
+    from kolibri_trt_plugins import add_rms_norm, fp8_gemv
 
     def o_proj(a, w, s, h, gain, eps):
         return add_rms_norm(h, fp8_gemv(a, w, s), gain, eps)
 
-    def mlp(*args, residual, norm_weight, eps, **opts):
-        return add_rms_norm(residual, moe_forward(*args, **opts), norm_weight, eps)
-
-    pm.fp8_gemv_add_rms_norm, pm.moe_forward_add_rms_norm = o_proj, mlp
-    log("norms: unfused (fp8_gemv / moe_forward, then add_rms_norm)")
+    pm.fp8_gemv_add_rms_norm = o_proj
+    log("norms: unfused (fp8_gemv, then add_rms_norm)")

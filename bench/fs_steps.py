@@ -132,7 +132,7 @@ def recording(b: Bench, cache: Cache):
             w = id(args[1])
             return "qkv" if w in qkv_ids else "o_proj" if w in o_ids else \
                 "head" if w == head_id else "other_gemv"
-        if name in ("moe_forward", "moe_forward_add_rms_norm"):   # the latter: + the next norm
+        if name == "moe_forward":
             return "moe"
         if name == "fp8_gemv_add_rms_norm":   # o_proj and post_attention_layernorm
             return "o_proj"
@@ -148,7 +148,7 @@ def recording(b: Bench, cache: Cache):
         def wrapped(*args, **kwargs):
             out = fn(*args, **kwargs)
             calls.append((classify(name, args, kwargs), fn, args, kwargs))
-            if name in ("moe_forward", "moe_forward_add_rms_norm"):
+            if name == "moe_forward":
                 ids, _ = moe_route(args[0], args[1], kwargs["top_k"], kwargs["renormalize"])
                 chunks = sum(int(torch.unique(ids[c:c + 64]).numel())
                              for c in range(0, ids.shape[0], 64))

@@ -129,7 +129,7 @@ def parse(argv=None):
     p.add_argument("--no-eager", action="store_true", help="skip the eager timings")
     p.add_argument("--no-attrib", action="store_true", help="skip the per-class attribution")
     p.add_argument("--unfused-norms", action="store_true",
-                   help="A/B: o_proj and the MoE, then add_rms_norm, as separate launches")
+                   help="A/B: o_proj, then add_rms_norm, as separate launches")
     args = p.parse_args(argv)
     args.parts = list(PARTS) if args.parts == "all" else [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]

@@ -7,13 +7,13 @@
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
-#   PART=pa bash bench/gpu_session.sh   the o_proj and MoE norms fused (~9 min): gpu_check of the
+#   PART=pa bash bench/gpu_session.sh   the o_proj and MoE norms fused, at 4a6d5ee (~9 min): gpu_check of the
 #       fused ops and the kernels they touch, whole decode + verify steps fused / unfused
 #       (bench/fullsize.py --unfused-norms), the read ceiling (bench/read_ceiling.py), the GEMV,
 #       MoE and fused-norm rows of bench/plugins.py against it.
 #   PART=pb bash bench/gpu_session.sh   gpu_runtime + gpu_drafter graphs on the trained default
-#       with the fused norms, the attention rows of bench/plugins.py against the read ceiling,
-#       whole decode steps again (~8 min).                      carry: engines/carry-b.tar.xz
+#       with o_proj's norm fused (the MoE's left unfused after pa), gpu_check normfused, whole
+#       decode steps unfused / fused, twice each (~7 min).      carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -191,12 +191,14 @@ case "${PART:-}" in
   pb)
     unpack carry-b
     minichecks 230 60 graphs
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step plugins_attn 200 python3 bench/plugins.py --only attn,fold --ceiling --quick \
-      --csv "$OUT/plugins_attn.csv"
-    unset KOLIBRI_PDL
-    step fs_fused2 100 python3 bench/fullsize.py --out "$OUT/fs_fused2" --parts decode \
-      --no-eager --no-attrib --budget 80
+    step check 60 python3 bench/gpu_check.py --only normfused
+    unset KOLIBRI_PDL   # whole decode steps, the o_proj norm unfused / fused, twice each
+    for i in 1 2; do
+      step "fs_unfused_$i" 70 python3 bench/fullsize.py --out "$OUT/fs_unfused_$i" \
+        --parts decode --no-eager --no-attrib --budget 55 --unfused-norms
+      step "fs_fused_$i" 70 python3 bench/fullsize.py --out "$OUT/fs_fused_$i" \
+        --parts decode --no-eager --no-attrib --budget 55
+    done
     pack pb
     ;;
   og)

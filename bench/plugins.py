@@ -59,7 +59,7 @@ load_plugins()
 from kolibri_trt_plugins.fp8_gemv import fp8_gemv  # noqa: E402
 from kolibri_trt_plugins.fp8_paged_attention import fp8_paged_attention  # noqa: E402
 from kolibri_trt_plugins.int4_paged_attention import int4_paged_attention  # noqa: E402
-from kolibri_trt_plugins.moe import moe_forward, moe_forward_add_rms_norm  # noqa: E402
+from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 from kolibri_trt_plugins.add_rms_norm import add_rms_norm  # noqa: E402
 from kolibri_trt_plugins.gemv_add_rms_norm import fp8_gemv_add_rms_norm  # noqa: E402
 from kolibri_trt_plugins.moe_route import moe_route_ref  # noqa: E402
@@ -226,11 +226,11 @@ def bench_moe(quick):
                f"experts read={distinct:.1f}+1")
 
 
-# ---------------------------------------------------------------- norms fused into o_proj / MoE
+# ---------------------------------------------------------------- the norm fused into o_proj
 def bench_fused(quick):
-    """fp8_gemv_add_rms_norm (o_proj 2560x2560) and moe_forward_add_rms_norm against the
-    launches they replace (stock column: fp8_gemv / moe_forward, then add_rms_norm)."""
-    E, H, inter, k = 256, 2560, 768, 6
+    """fp8_gemv_add_rms_norm (o_proj 2560x2560) against the launches it replaces (stock
+    column: fp8_gemv, then add_rms_norm)."""
+    H = 2560
     nsets = sets_for(H * H)
     ws = [(torch.randn((H, H), device=DEV).to(E4M3), torch.tensor([0.02], device=DEV))
           for _ in range(nsets)]
@@ -241,20 +241,6 @@ def bench_fused(quick):
         st = time_calls([lambda w=w: add_rms_norm(r, fp8_gemv(x, *w), gain) for w in ws])
         report("fp8_gemv_add_rms_norm", f"o_proj M={M} N={H} K={H}", us, H * H + 5 * M * H * 2,
                st, "stock = fp8_gemv + add_rms_norm")
-    del ws
-    wts = moe_weights(E, H, inter)
-    for M in (1, 4, 16, 64):
-        xs = [torch.randn((M, H), device=DEV).bfloat16() for _ in range(8)]
-        r = torch.randn((M, H), device=DEV).bfloat16()
-        distinct = statistics.mean(len(set(moe_route_ref(x, wts[0], k)[0].flatten().tolist()))
-                                   for x in xs)
-        nbytes = E * H * 2 + (distinct + 1) * (3 * inter * H + 4) + 4 * M * H * 2
-        us = time_calls([lambda x=x: moe_forward_add_rms_norm(
-            x, *wts, residual=r, norm_weight=gain, top_k=k) for x in xs])
-        st = time_calls([lambda x=x: add_rms_norm(r, moe_forward(x, *wts, top_k=k), gain)
-                         for x in xs])
-        report("moe_forward_add_rms_norm", f"M={M} E=256 top6 H=2560 I=768", us, nbytes, st,
-               "stock = moe_forward + add_rms_norm")
 
 
 # ---------------------------------------------------------------- fold

@@ -16,7 +16,6 @@ Ops (module: public function):
     gemv_add_rms_norm: fp8_gemv_add_rms_norm   fp8_gemv, then residual add + RMSNorm (o_proj)
     moe_route: moe_route                       router + top-k
     moe: moe_forward                           routed FP8 experts + shared expert
-    moe: moe_forward_add_rms_norm              the same, then residual add + RMSNorm
     add_rms_norm: add_rms_norm                 residual add + RMSNorm (decoder norms, final norm)
     qk_norm_rope: qk_norm_rope                 per-head QK RMSNorm + RoPE (FP8-cache layers)
     qk_norm_rope_kv_write: qk_norm_rope_kv_write  the same + the FP8 cache write of K/V
@@ -36,7 +35,7 @@ from .fp8_paged_attention import fp8_paged_attention
 from .gumbel_argmax import gumbel_argmax
 from .int4_paged_attention import int4_paged_attention
 from .gemv_add_rms_norm import fp8_gemv_add_rms_norm
-from .moe import moe_forward, moe_forward_add_rms_norm
+from .moe import moe_forward
 from .moe_route import moe_route
 from .nvfp4_gemv import nvfp4_gemv
 from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_int4
@@ -49,7 +48,7 @@ from .vocab_argmax import vocab_argmax
 __all__ = [
     "add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_gemv_add_rms_norm",
     "fp8_kv_write", "fp8_paged_attention", "gumbel_argmax", "int4_paged_attention",
-    "moe_forward", "moe_forward_add_rms_norm", "moe_route", "nvfp4_gemv",
+    "moe_forward", "moe_route", "nvfp4_gemv",
     "qk_norm_fold_int4", "qk_norm_rope", "qk_norm_rope_kv_write", "ring_attention",
     "rope_ring_write", "vocab_argmax",
     "fold_matrices", "hadamard_rotation",

@@ -41,7 +41,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
 def rms_norm_row(h_ptr, w_ptr, t, eps, N: tl.constexpr, BLOCK: tl.constexpr):
     """fp32 [BLOCK] (zero past N): bf16 row t of h [*, N] (contiguous) read back, then
     ``(h * rsqrt(mean(h²) + eps)) * w``, this kernel's maths, for the kernels that write h
-    themselves first (fp8_gemv_add_rms_norm, moe_forward_add_rms_norm: the row's loads and
+    themselves first (fp8_gemv_add_rms_norm: the row's loads and
     its sum take the same form as here; a barrier before the call makes h visible)."""
     n = tl.arange(0, BLOCK)
     m = n < N

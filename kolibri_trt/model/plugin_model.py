@@ -26,8 +26,7 @@ import torch
 
 from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_gemv_add_rms_norm,
                                  fp8_paged_attention, int4_paged_attention, moe_forward,
-                                 moe_forward_add_rms_norm, nvfp4_gemv, qk_norm_fold_int4,
-                                 qk_norm_rope_kv_write)
+                                 nvfp4_gemv, qk_norm_fold_int4, qk_norm_rope_kv_write)
 
 from ..config import KolibriConfig
 from . import ops
@@ -141,16 +140,16 @@ class PluginModel:
     def _mlp(self, w: LayerWeights, hx: tuple[torch.Tensor, torch.Tensor], nxt: torch.Tensor,
              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + moe(x), the next norm of it) for hx = (h, x) after the attention block; nxt:
-        the next layer's input_layernorm gain (the final norm's after the last layer). One
-        rank: the add and the norm in the MoE's combine launch."""
+        the next layer's input_layernorm gain (the final norm's after the last layer). The
+        norm stays its own launch: in the MoE's combine (one program per token) it cost more
+        than it saved (plugins/NOTES.md, "The norms in the launch before them")."""
         h, x = hx
         sh = w.shared or (None, None, None, None)
-        args = (x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh)
-        opts = dict(top_k=self.config.num_experts_per_tok,
-                    renormalize=self.config.norm_topk_prob)
-        if self.all_reduce is None:
-            return moe_forward_add_rms_norm(*args, residual=h, norm_weight=nxt, eps=eps, **opts)
-        return add_rms_norm(h, self.all_reduce(moe_forward(*args, **opts)), nxt, eps)
+        out = moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
+                          top_k=self.config.num_experts_per_tok,
+                          renormalize=self.config.norm_topk_prob)
+        return add_rms_norm(h, out if self.all_reduce is None else self.all_reduce(out), nxt,
+                            eps)
 
     def _rope_tables(self, meta: StepMetadata, num_layers: int
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -1,7 +1,6 @@
-"""The decoder's GEMV / MoE outputs with the residual add + RMSNorm after them in the same launch
-(plugins/gemv_add_rms_norm.py, moe.moe_forward_add_rms_norm): the reference is the unfused
-composition bit for bit, the Triton kernels in the interpreter give the bits of the unfused
-kernels (fp8_gemv's split-K reduce or the MoE combine, then add_rms_norm), rows are batch
+"""o_proj with the residual add + RMSNorm after it in its split-K sum (plugins/gemv_add_rms_norm.py):
+the reference is the unfused composition bit for bit, the Triton kernel in the interpreter gives
+the bits of the unfused kernels (fp8_gemv's split-K reduce, then add_rms_norm), rows are batch
 invariant, and bad arguments are named."""
 
 import importlib
@@ -9,15 +8,12 @@ import importlib
 import pytest
 import torch
 
-from kolibri_trt_plugins import add_rms_norm, fp8_gemv, moe_forward
+from kolibri_trt_plugins import add_rms_norm, fp8_gemv
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.gemv_add_rms_norm import fp8_gemv_add_rms_norm
-from kolibri_trt_plugins.moe import moe_forward_add_rms_norm
 
 FG = importlib.import_module("kolibri_trt_plugins.fp8_gemv")
-ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
 EPS = 1e-6
-E, H, I_, IS, K = 8, 64, 32, 48, 2     # the MoE's test sizes (tests/plugins/test_moe.py)
 
 
 def gemv_case(M, N, Kd, mode, seed):
@@ -66,36 +62,6 @@ def test_gemv_rows_are_batch_invariant(interp_rne, monkeypatch):
         assert torch.equal(hi, h[i:i + 1]) and torch.equal(yi, y[i:i + 1])
 
 
-def moe_case(M, shared, seed):
-    g = T.gen(seed)
-    wts = T.moe_weights(E, H, I_, IS if shared else 0, g)
-    x = T.randn((M, H), g)
-    res = T.randn((M, H), g, scale=2.0)
-    gain = (1 + 0.2 * torch.randn(H, generator=g)).to(torch.bfloat16)
-    return x, wts, res, gain
-
-
-@pytest.mark.parametrize("M,shared", [(1, True), (3, False), (33, True)])
-def test_moe_reference_is_the_composition(M, shared):
-    x, wts, res, gain = moe_case(M, shared, 30 + M)
-    h, y = moe_forward_add_rms_norm(x, *wts, residual=res, norm_weight=gain, eps=EPS, top_k=K)
-    hw, yw = add_rms_norm(res, moe_forward(x, *wts, top_k=K), gain, EPS)
-    assert torch.equal(h, hw) and torch.equal(y, yw)
-
-
-@pytest.mark.parametrize("M,shared,chunk", [(1, True, 256), (3, False, 256), (33, True, 16)])
-def test_moe_interpreter_keeps_the_unfused_bits(interp_rne, monkeypatch, M, shared, chunk):
-    """The combine with the add and the norm against the combine then add_rms_norm; 33 tokens
-    in chunks of 16 write their rows chunk by chunk."""
-    monkeypatch.setattr(ME, "MAX_TOKENS", chunk)
-    x, wts, res, gain = moe_case(M, shared, 40 + M)
-    h, y = moe_forward_add_rms_norm(x, *wts, residual=res, norm_weight=gain, eps=EPS, top_k=K,
-                                    interpret=True)
-    hw, yw = add_rms_norm(res, moe_forward(x, *wts, top_k=K, interpret=True), gain, EPS,
-                          interpret=True)
-    assert torch.equal(h, hw) and torch.equal(y, yw)
-
-
 def test_errors_name_the_argument():
     x, w, res, gain = gemv_case(2, 32, 256, "tensor", 1)
     with pytest.raises(ValueError, match="residual"):
@@ -104,8 +70,3 @@ def test_errors_name_the_argument():
         fp8_gemv_add_rms_norm(x, *w, res, gain.float())
     with pytest.raises(ValueError, match="weight_scale"):
         fp8_gemv_add_rms_norm(x, w[0], torch.ones(3), res, gain)
-    xm, wts, rm, gm = moe_case(2, True, 2)
-    with pytest.raises(ValueError, match="residual"):
-        moe_forward_add_rms_norm(xm, *wts, residual=rm[:, :8], norm_weight=gm, top_k=K)
-    with pytest.raises(ValueError, match="norm_weight"):
-        moe_forward_add_rms_norm(xm, *wts, residual=rm, norm_weight=gm[:8], top_k=K)
