@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
 from fs_common import AIMS, BW, Bench, build_engine, log, unfuse_norms  # noqa: E402
+from plugin_settings import apply_settings  # noqa: E402
 from fs_parts import part_decode, part_kv, part_verify  # noqa: E402
 from fs_profile import part_profile  # noqa: E402
 from fs_drafter import part_drafter  # noqa: E402
@@ -130,6 +131,8 @@ def parse(argv=None):
     p.add_argument("--no-attrib", action="store_true", help="skip the per-class attribution")
     p.add_argument("--unfused-norms", action="store_true",
                    help="A/B: o_proj, then add_rms_norm, as separate launches")
+    p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                   help="a plugin module setting for this run, e.g. fp8_paged_attention.MERGE=False")
     args = p.parse_args(argv)
     args.parts = list(PARTS) if args.parts == "all" else [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]
@@ -162,6 +165,7 @@ def main(argv=None) -> int:
     torch.set_grad_enabled(False)
     if args.unfused_norms:
         unfuse_norms()
+    apply_settings(args.set)
     status = 0
     try:
         build_engine(b)

@@ -23,8 +23,6 @@ They are all importable from here as before (``gpu_check.load_plugins``, ``.RESU
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import pathlib
 import sys
 import time
@@ -78,6 +76,7 @@ from gpu_check_misc import (  # noqa: F401
     qk_case,
 )
 from kolibri_trt_plugins import testing as T
+from plugin_settings import apply_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -109,22 +108,6 @@ SECTIONS = {
                                      check_vocab_argmax_keyed(g, small)),
     "chainindex": check_chain_index,
 }
-
-
-def apply_settings(pairs: list[str]) -> None:
-    """--set MODULE.NAME=VALUE: a plugin module's setting (kolibri_trt_plugins.MODULE.NAME, which
-    must exist) to a Python literal, before any check runs. SystemExit naming the bad pair."""
-    for pair in pairs:
-        target, _, text = pair.partition("=")
-        module, _, name = target.rpartition(".")
-        try:
-            mod = importlib.import_module(f"kolibri_trt_plugins.{module}")
-            if not name or not hasattr(mod, name):
-                raise AttributeError(name)
-            setattr(mod, name, ast.literal_eval(text))
-        except (ImportError, AttributeError, ValueError, SyntaxError) as exc:
-            raise SystemExit(f"--set {pair!r}: {exc!r}") from None
-        print(f"setting {module}.{name} = {getattr(mod, name)!r}", flush=True)
 
 
 def main():

@@ -14,6 +14,10 @@
 #   PART=pb bash bench/gpu_session.sh   gpu_runtime + gpu_drafter graphs on the trained default
 #       with o_proj's norm fused (the MoE's left unfused after pa), gpu_check normfused, whole
 #       decode steps unfused / fused, twice each (~7 min).      carry: engines/carry-b.tar.xz
+#   PART=pc bash bench/gpu_session.sh   the sliding layers' splits merged in the attention launch
+#       (fp8_paged_attention.MERGE): gpu_check fp8attn + normfused, the sliding rows of
+#       bench/plugins.py with the merge on / off, whole decode steps off / on twice, gpu_runtime
+#       + gpu_drafter graphs on the trained default (~9 min).   carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -187,6 +191,23 @@ case "${PART:-}" in
     step plugins 140 python3 bench/plugins.py --only gemv,moe,fused --ceiling --quick \
       --csv "$OUT/plugins.csv"
     pack pa
+    ;;
+  pc)
+    unpack carry-b
+    step check 90 python3 bench/gpu_check.py --only fp8attn,normfused
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step sliding_merge 50 python3 bench/plugins.py --only sliding --quick
+    step sliding_combine 50 python3 bench/plugins.py --only sliding --quick \
+      --set fp8_paged_attention.MERGE=False
+    unset KOLIBRI_PDL   # whole decode steps, the sliding merge off / on, twice each
+    for i in 1 2; do
+      step "fs_combine_$i" 50 python3 bench/fullsize.py --out "$OUT/fs_combine_$i" \
+        --parts decode --no-eager --no-attrib --budget 40 --set fp8_paged_attention.MERGE=False
+      step "fs_merge_$i" 50 python3 bench/fullsize.py --out "$OUT/fs_merge_$i" \
+        --parts decode --no-eager --no-attrib --budget 40
+    done
+    minichecks 240 40 graphs
+    pack pc
     ;;
   pb)
     unpack carry-b

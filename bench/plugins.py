@@ -2,8 +2,9 @@
 """Time every kolibri_trt_plugins kernel at full Kolibri-1 sizes on the H200, next to stock torch,
 and run the INT4-key error study. One call:
 
-    python3 bench/plugins.py [--only attn,gemv,moe,fused,fold,study] [--quick] [--csv FILE]
+    python3 bench/plugins.py [--only attn,gemv,moe,fused,fold,study,sliding] [--quick] [--csv FILE]
         [--ceiling]   # each row also against the best plain read of its bytes
+        [--set MODULE.NAME=VALUE]   # a plugin setting for the run (A/B)
     python3 bench/plugins.py --only splitk [--quick]   # fp8 GEMV + MoE tiling/split-K sweeps only
                                                        # (or splitk_gemv / splitk_moe: one each)
     python3 bench/plugins.py --only moe_tiles [--quick] # MoE expert tile widths
@@ -27,6 +28,7 @@ import plugin_timing as PT
 import torch
 from gpu_check import load_plugins
 from kv_error_study import study
+from plugin_settings import apply_settings
 
 # re-exported (F401), as before: other scripts use plugins.<name> (int4_attn_tune.py: BP.*)
 from plugin_sweeps import (  # noqa: F401
@@ -136,6 +138,34 @@ def attn_bench(B, ctx, blk, q_len, quick):
                          for i in range(ns)])
         report(f"fp8_paged_attn w={w}", tag, us, nbytes, stock.get(w))
         del kf, vf
+
+
+def bench_sliding(quick):
+    """FP8 sliding-window attention alone (window 513, blocks of 64, GQA 20/4, at 32k): decode
+    and 1 + 8 verification tokens, B = 1, 4, 16, 64. Only the blocks the window reads are
+    distinct (the rest of each table points at block 0), so large batches fit many sets."""
+    hq, hkv, blk, ctx, w = 20, 4, 64, 32768, 513
+    one = torch.ones(1, device=DEV)
+    for q_len in (1, 9):
+        for B in (1, 4, 16, 64):
+            keys = min(ctx, w + q_len - 1)
+            live = -(-(keys + blk) // blk)           # blocks a stream's window can touch
+            nbytes = B * keys * hkv * 256 + 2 * B * q_len * hq * 256
+            ns = sets_for(nbytes)
+            kf = torch.randn((ns * B * live + 1, blk, hkv, 128), device=DEV).to(E4M3)
+            vf = torch.randn((ns * B * live + 1, blk, hkv, 128), device=DEV).to(E4M3)
+            sl = torch.full((B,), ctx, dtype=torch.int32, device=DEV)
+            cu = torch.arange(0, B + 1, dtype=torch.int32, device=DEV) * q_len
+            q = torch.randn((B * q_len, hq, 128), device=DEV).bfloat16()
+            tables = []
+            for i in range(ns):
+                bt = torch.zeros((B, ctx // blk), dtype=torch.int32, device=DEV)
+                bt[:, -live:] = 1 + i * B * live + torch.arange(B * live, device=DEV).view(B, live)
+                tables.append(bt)
+            us = time_calls([lambda b=b: fp8_paged_attention(q, kf, vf, one, one, b, sl, cu, ctx,
+                                                               q_len, window=w) for b in tables])
+            report("fp8_paged_attn w=513", f"B={B} ctx=32k blk=64 q={q_len}", us, nbytes)
+            del kf, vf
 
 
 def bench_attention(quick):
@@ -290,10 +320,13 @@ def main():
     ap.add_argument("--only", default="study,attn,gemv,moe,fused,fold")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="a plugin module setting for this run, e.g. fp8_paged_attention.MERGE=False")
     ap.add_argument("--ceiling", action="store_true",
                     help="each row also against the best plain read of its bytes (read_ceiling)")
     args = ap.parse_args()
     PT.CEILING = args.ceiling
+    apply_settings(args.set)
     if args.quick:
         PT.ITERS, PT.REPEATS = 10, 3  # read by time_calls when it runs
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -307,7 +340,8 @@ def main():
             else:
                 print(hdr)
                 {"attn": bench_attention, "gemv": lambda q: (bench_nvfp4(q), bench_fp8(q)),
-                 "moe": bench_moe, "fused": bench_fused, "fold": bench_fold, "sweep": bench_sweep,
+                 "moe": bench_moe, "fused": bench_fused, "fold": bench_fold,
+                 "sliding": bench_sliding, "sweep": bench_sweep,
                  "splitk": lambda q: (sweep_fp8_gemv(q), sweep_moe(q)),
                  "splitk_gemv": sweep_fp8_gemv, "splitk_moe": sweep_moe,
                  "moe_tiles": sweep_moe_tiles}[sec](args.quick)

@@ -80,7 +80,7 @@ def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     if kernel_path(x, "add_rms_norm") == "ref":
         return add_rms_norm_ref(x, residual, weight, eps)
-    return _launch(x, residual, weight, eps, False)
+    return launch_add_rms_norm(x, residual, weight, eps, False)
 
 
 @_add_rms_norm_op.register_fake
@@ -92,7 +92,7 @@ def _(x, residual, weight, eps):
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if kernel_path(x, "rms_norm") == "ref":
         return _rms_norm(x, weight, eps)
-    return _launch(x, None, weight, eps, False)[1]
+    return launch_add_rms_norm(x, None, weight, eps, False)[1]
 
 
 @_rms_norm_op.register_fake
@@ -100,8 +100,9 @@ def _(x, weight, eps):
     return x.new_empty(x.shape)
 
 
-def _launch(x, residual, weight, eps, interpret):
-    """Returns (h, y); h is x when residual is None."""
+def launch_add_rms_norm(x, residual, weight, eps, interpret):
+    """The kernel launch without argument checks or op dispatch (checked arguments, as
+    :func:`add_rms_norm`); returns (h, y), h is x when residual is None."""
     T, N = x.shape
     y = torch.empty((T, N), dtype=torch.bfloat16, device=x.device)
     h = x if residual is None else torch.empty((T, N), dtype=torch.bfloat16, device=x.device)
@@ -143,7 +144,7 @@ def add_rms_norm(x, residual, weight, eps: float = 1e-6, interpret: bool = False
             raise ValueError(f"residual: last dim must have stride 1, strides {residual.stride()}")
     check_tensor("weight", weight, torch.bfloat16, (N,), dev)
     if interpret:
-        return _launch(x, residual, weight, eps, True)
+        return launch_add_rms_norm(x, residual, weight, eps, True)
     if residual is None:
         return x, torch.ops.kolibri_plugins.rms_norm(x, weight, float(eps))
     return torch.ops.kolibri_plugins.add_rms_norm(x, residual, weight, float(eps))

@@ -228,7 +228,7 @@ def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def _fp8_gemv_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     if kernel_path(x, "fp8_gemv") == "ref":
         return fp8_gemv_ref(x, weight, weight_scale)
-    return _launch(x, weight, weight_scale, NO_FUSION, False)
+    return launch_fp8_gemv(x, weight, weight_scale, NO_FUSION, False)
 
 
 @_fp8_gemv_op.register_fake
@@ -244,7 +244,7 @@ def _fp8_gemv_fused_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     f = Fusion(norm, eps, act, residual, norm_segments, x_rows)
     if kernel_path(x, "fp8_gemv") == "ref":
         return fp8_gemv_ref(x, weight, weight_scale, f)
-    return _launch(x, weight, weight_scale, f, False)
+    return launch_fp8_gemv(x, weight, weight_scale, f, False)
 
 
 @_fp8_gemv_fused_op.register_fake
@@ -340,7 +340,9 @@ def launch_partials(x, weight, weight_scale, interpret: bool = False):
     return part
 
 
-def _launch(x, weight, weight_scale, f: Fusion, interpret):
+def launch_fp8_gemv(x, weight, weight_scale, f: Fusion, interpret):
+    """The GEMV's launches without argument checks or op dispatch (checked arguments, as
+    :func:`fp8_gemv`; f: the fused options); returns y."""
     K = x.shape[1]
     M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
     N = weight.shape[0]
@@ -412,7 +414,7 @@ def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps
     f = Fusion(norm, float(eps), act, residual, norm_segments, x_rows)
     check_fused(x, N, f)
     if interpret:
-        return _launch(x, weight, weight_scale, f, True)
+        return launch_fp8_gemv(x, weight, weight_scale, f, True)
     if f.plain:
         return torch.ops.kolibri_plugins.fp8_gemv(x, weight, weight_scale)
     return torch.ops.kolibri_plugins.fp8_gemv_fused(x, weight, weight_scale, *f)

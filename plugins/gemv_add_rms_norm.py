@@ -21,8 +21,9 @@ import torch
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, tl
 from ._common import early_launch, pdl_enter, pdl_release
 from ._split_k import sum_splits
-from .add_rms_norm import add_rms_norm, add_rms_norm_ref, norm_config, rms_norm_row
-from .fp8_gemv import check_args, fp8_gemv, fp8_gemv_ref, launch_partials, scale_mode
+from .add_rms_norm import add_rms_norm_ref, launch_add_rms_norm, norm_config, rms_norm_row
+from .fp8_gemv import (NO_FUSION, check_args, fp8_gemv_ref, launch_fp8_gemv, launch_partials,
+                       scale_mode)
 
 
 @jit
@@ -59,8 +60,8 @@ def fp8_gemv_add_rms_norm_ref(x, weight, weight_scale, residual, norm_weight, ep
 def _launch(x, weight, weight_scale, residual, norm_weight, eps, interpret):
     part = launch_partials(x, weight, weight_scale, interpret)
     if part is None:    # an unsplit shape: the GEMV's own epilogue, then the norm
-        y = fp8_gemv(x, weight, weight_scale, interpret)
-        return add_rms_norm(residual, y, norm_weight, eps, interpret)
+        y = launch_fp8_gemv(x, weight, weight_scale, NO_FUSION, interpret)
+        return launch_add_rms_norm(residual, y, norm_weight, eps, interpret)
     M, N = residual.shape
     h = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
