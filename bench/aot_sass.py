@@ -65,7 +65,7 @@ PRESETS["int4_attn"] = ("int4_paged_attention", "_int4_attn_kernel", dict(
      "l_ptr", "acc_ptr", "bt_stride"))
 PRESETS["fp8_attn"] = ("fp8_paged_attention", "_fp8_attn_kernel", dict(
     PRESETS["int4_attn"][2], k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", ks_ptr="*fp32", vs_ptr="*fp32",
-    out_ptr="*bf16", cnt_ptr="*i32", BLOCK_M=16, MERGE=True, S_P=16, SC=16), ("q_ptr", "k_ptr", "v_ptr", "ks_ptr", "vs_ptr", "bt_ptr", "seq_ptr", "cuq_ptr",
+    BLOCK_M=16), ("q_ptr", "k_ptr", "v_ptr", "ks_ptr", "vs_ptr", "bt_ptr", "seq_ptr", "cuq_ptr",
                   "m_ptr", "l_ptr", "acc_ptr", "bt_stride"))
 for _k in ("kc_ptr", "vc_ptr", "km_ptr", "vm_ptr", "USE_ASM", "MASK_FREE", "DEFER_SUMS"):
     del PRESETS["fp8_attn"][2][_k]

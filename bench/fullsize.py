@@ -132,7 +132,7 @@ def parse(argv=None):
     p.add_argument("--unfused-norms", action="store_true",
                    help="A/B: o_proj, then add_rms_norm, as separate launches")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                   help="a plugin module setting for this run, e.g. fp8_paged_attention.MERGE=False")
+                   help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
     args = p.parse_args(argv)
     args.parts = list(PARTS) if args.parts == "all" else [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]

@@ -14,6 +14,8 @@
 #   PART=pb bash bench/gpu_session.sh   gpu_runtime + gpu_drafter graphs on the trained default
 #       with o_proj's norm fused (the MoE's left unfused after pa), gpu_check normfused, whole
 #       decode steps unfused / fused, twice each (~7 min).      carry: engines/carry-b.tar.xz
+#   PART=pd bash bench/gpu_session.sh   after PART pc's merge was taken out: gpu_check normfused,
+#       fp8attn, fp8gemv, splitk; whole decode + verify steps with attribution (~5 min).
 #   PART=pc bash bench/gpu_session.sh   the sliding layers' splits merged in the attention launch
 #       (fp8_paged_attention.MERGE): gpu_check fp8attn + normfused, the sliding rows of
 #       bench/plugins.py with the merge on / off, whole decode steps off / on twice, gpu_runtime
@@ -191,6 +193,13 @@ case "${PART:-}" in
     step plugins 140 python3 bench/plugins.py --only gemv,moe,fused --ceiling --quick \
       --csv "$OUT/plugins.csv"
     pack pa
+    ;;
+  pd)
+    step check 130 python3 bench/gpu_check.py --only normfused,fp8attn,fp8gemv,splitk
+    unset KOLIBRI_PDL   # whole decode + verify steps at the session's last code
+    step fullsize 120 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify \
+      --no-eager --budget 100
+    pack pd
     ;;
   pc)
     unpack carry-b

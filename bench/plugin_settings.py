@@ -1,5 +1,5 @@
 """--set MODULE.NAME=VALUE for the bench scripts (gpu_check.py, fullsize.py): a plugin module's
-setting, e.g. ``fp8_paged_attention.MERGE=False``, for one run (A/B runs, checks of variants)."""
+setting, e.g. ``moe_experts.ALIGN_TOKENS=64``, for one run (A/B runs, checks of variants)."""
 
 from __future__ import annotations
 

@@ -321,7 +321,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--csv", default="")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                    help="a plugin module setting for this run, e.g. fp8_paged_attention.MERGE=False")
+                    help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
     ap.add_argument("--ceiling", action="store_true",
                     help="each row also against the best plain read of its bytes (read_ceiling)")
     args = ap.parse_args()

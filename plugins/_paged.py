@@ -15,9 +15,9 @@ from typing import Callable
 
 import torch
 
-from ._common import cdiv, check_tensor, early_launch, jit, launch, next_pow2, tl
+from ._common import cdiv, check_tensor, early_launch, jit, launch, tl
 from ._rows import pad_rows
-from .attn_combine import SPLIT_CHUNK, launch_attn_combine
+from .attn_combine import launch_attn_combine
 
 HEAD_DIM = 128
 BLOCK_M = 16  # query rows (token x group head) per program, FP8 kernel: fixed, for batch invariance
@@ -127,42 +127,16 @@ def default_sm_scale() -> float:
     return 1.0 / math.sqrt(HEAD_DIM)
 
 
-COUNTERS_MIN = 1 << 16   # arrival counters allocated at least (int32; 256 KiB)
-_COUNTERS: dict = {}
-
-
-def tile_counters(n: int, device) -> torch.Tensor:
-    """int32 zeros [>= n] on ``device``: one arrival counter per (stream, KV head, row tile)
-    for the kernels that merge their own splits (`launch_paged` with merge). The merging
-    program sets its counter back to 0, so the buffer is all zeros between launches; launches
-    on one device run one after another (the runtime's stream order), so one buffer per device
-    serves them all. Made (or grown) outside CUDA graph capture only.
-    Raises RuntimeError when it must grow during a capture (run the op once before capturing)."""
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"paged attention: {n} split counters needed while capturing a "
-                               "CUDA graph; run the op once outside the capture first")
-        buf = torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
-
-
 def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm_scale: float,
                  max_seq_len: int, max_q_len: int, window: int, part: int, interpret: bool,
                  block_n: int, tune: dict, block_m: int = BLOCK_M, head_major: bool = False,
-                 merge: bool | None = None, **constexprs) -> torch.Tensor:
-    """Launch one split-KV paged-attention kernel and merge its partials.
+                 **constexprs) -> torch.Tensor:
+    """Launch one split-KV paged-attention kernel and merge its partials (`attn_combine`).
 
     caches: the four cache tensors the kernel reads after q (FP8: k, v, k_scale, v_scale;
     INT4: k_codes, v_codes, k_meta, v_meta); caches[0] is [num_blocks, BLOCK, Hkv, ...], or
     [num_blocks, Hkv, BLOCK, ...] with head_major (the INT4 cache).
     block_m: query rows (token x group head) per program; a row's bits must not depend on it.
-    merge: None for kernels without the merge arguments (then `attn_combine` merges); False
-    or True for kernels that take (out_ptr, cnt_ptr, MERGE, S_P, SC) after their own: True,
-    the last program of each row tile to finish merges the tile's rows itself (`merge_row`,
-    the combine's maths; no second launch), False, `attn_combine` merges.
     Grid: (streams x KV heads x query-row tiles, splits). Returns bf16 like q.
     """
     total_q, hq, _ = q.shape
@@ -176,21 +150,11 @@ def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm
     m, l, acc = partial_buffers(total_q, hq, splits, q.device)
     if total_q == 0 or ns == 0:
         return torch.empty_like(q)
-    grid = (ns * hkv * rt, splits)
-    extra = ()
-    if merge is not None:
-        out = (torch.empty((total_q * hq, HEAD_DIM), dtype=torch.bfloat16, device=q.device)
-               if merge else m)
-        cnt = tile_counters(grid[0], q.device) if merge else m
-        extra = (out, cnt)
-        constexprs = dict(constexprs, MERGE=merge, S_P=next_pow2(splits), SC=SPLIT_CHUNK)
-    launch(kernel, grid, q, *caches, block_tables, seq_lens, cu_q_lens,
+    launch(kernel, (ns * hkv * rt, splits), q, *caches, block_tables, seq_lens, cu_q_lens,
            m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g, splits, rt, block_tables.stride(0),
-           int(window), *extra, BLOCK=blk, PART=part, BLOCK_M=block_m, BLOCK_N=block_n,
-           D=HEAD_DIM, DOT_F32=interpret, interpret=interpret,
-           pdl_early=early_launch("attn", total_q), **constexprs, **tune)
-    if merge:
-        return out.view(total_q, hq, HEAD_DIM)
+           int(window), BLOCK=blk, PART=part, BLOCK_M=block_m, BLOCK_N=block_n, D=HEAD_DIM,
+           DOT_F32=interpret, interpret=interpret, pdl_early=early_launch("attn", total_q),
+           **constexprs, **tune)
     # merged here, not through the attn_combine op: this runs inside the attention op already
     return launch_attn_combine(m, l, acc, interpret,
                                early_launch("attn", total_q)).view(total_q, hq, HEAD_DIM)

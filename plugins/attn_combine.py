@@ -19,14 +19,13 @@ SPLIT_CHUNK = 16
 
 
 @jit
-def merge_row(m_ptr, l_ptr, acc_ptr, out_ptr, row, S, S_P: tl.constexpr, SC: tl.constexpr,
-              D: tl.constexpr, PDL: tl.constexpr = 0):
-    """Merge the S splits of one row (int64 scalar) into out[row] (bf16 [D]): the combine's
-    maths, splits in chunks of SC from 0. The partials are read at L2 (.cg): the attention
-    kernels' merging programs read what other programs of the same launch wrote. PDL: the
-    combine kernel's mode (the release after the loop); 0 inside the attention kernels."""
+def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S,
+                         S_P: tl.constexpr, SC: tl.constexpr, D: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
     jj = tl.arange(0, S_P)
-    m_all = tl.load(m_ptr + row * S + jj, mask=jj < S, other=float("-inf"), cache_modifier=".cg")
+    m_all = tl.load(m_ptr + row * S + jj, mask=jj < S, other=float("-inf"))
     m_max = tl.max(m_all, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     d = tl.arange(0, D)
@@ -34,26 +33,17 @@ def merge_row(m_ptr, l_ptr, acc_ptr, out_ptr, row, S, S_P: tl.constexpr, SC: tl.
     l_tot = tl.zeros([SC], dtype=tl.float32)
     for c in range(0, S, SC):
         j = c + tl.arange(0, SC)
-        mj = tl.load(m_ptr + row * S + j, mask=j < S, other=float("-inf"), cache_modifier=".cg")
+        mj = tl.load(m_ptr + row * S + j, mask=j < S, other=float("-inf"))
         ok = mj > float("-inf")
         w = tl.where(ok, tl.exp2(mj - m_max), 0.0)
-        lj = tl.load(l_ptr + row * S + j, mask=ok, other=0.0, cache_modifier=".cg")
-        aj = tl.load(acc_ptr + (row * S + j)[:, None] * D + d[None, :], mask=ok[:, None],
-                     other=0.0, cache_modifier=".cg")
+        lj = tl.load(l_ptr + row * S + j, mask=ok, other=0.0)
+        aj = tl.load(acc_ptr + (row * S + j)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         l_tot += w * lj
         acc += tl.sum(aj * w[:, None], 0)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     l_sum = tl.sum(l_tot, 0)
     out = acc / tl.where(l_sum > 0, l_sum, 1.0)
     tl.store(out_ptr + row * D + d, out.to(tl.bfloat16))
-
-
-@jit
-def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S,
-                         S_P: tl.constexpr, SC: tl.constexpr, D: tl.constexpr,
-                         PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
-    merge_row(m_ptr, l_ptr, acc_ptr, out_ptr, tl.program_id(0).to(tl.int64), S, S_P, SC, D, PDL)
 
 
 def attn_combine_ref(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ import torch
 
 from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
 from ._common import pdl_enter, pdl_release
-from .attn_combine import merge_row
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
                      paged_attention_dense_ref, softmax_step)
 
@@ -28,9 +27,6 @@ from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
 PART = 64  # positions per split, sliding layers
 BLOCK_N = 64  # keys per inner step, sliding layers
 TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/plugins.py sweeps it)
-# Sliding layers: the last split program of each row tile merges the tile's rows (launch_paged's
-# merge: one launch instead of the kernel + attn_combine); full causal keeps attn_combine.
-MERGE = True
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
 # on the H200 at 32k (plugins/NOTES.md, "Pipelined loads"): num_stages 5 gives two K/V buffers
 # (2-4 compile to one: the page lookup takes a stage); one warp per program keeps the row
@@ -49,14 +45,9 @@ def settings(window: int) -> tuple[int, int, dict]:
 @jit
 def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_ptr,
                      m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
-                     out_ptr, cnt_ptr,
                      BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr,
-                     MERGE: tl.constexpr = False, S_P: tl.constexpr = 1,
-                     SC: tl.constexpr = 16, PDL: tl.constexpr = 0):
-    """Grid (streams x Hkv x row tiles of BLOCK_M, S splits): split j of a row tile writes its
-    partials; with MERGE the tile's last program to finish (arrival counter cnt_ptr[pid])
-    merges the tile's rows into out_ptr bf16 [rows, D] (`merge_row`) and zeroes the counter."""
+                     PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -114,26 +105,6 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
         tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
         tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
         tl.store(acc_ptr + (row * S + j)[:, None] * D + d[None, :], acc, mask=rvalid[:, None])
-        if MERGE:
-            _merge_tile(m_ptr, l_ptr, acc_ptr, out_ptr, cnt_ptr + pid, S, rt * BLOCK_M,
-                        q_len * G, q_start, h, G, HQ, BLOCK_M, S_P, SC, D)
-
-
-@jit
-def _merge_tile(m_ptr, l_ptr, acc_ptr, out_ptr, cnt, S, r0, n_rows, q_start, h, G, HQ,
-                BLOCK_M: tl.constexpr, S_P: tl.constexpr, SC: tl.constexpr, D: tl.constexpr):
-    """Count this program's arrival at its row tile (rows r0.. of the stream's n_rows); the
-    S-th to arrive merges the tile's rows and sets the counter back to 0. The barrier orders
-    every thread's partial stores before the release of the counter's add; its acquire
-    orders the merge's loads after the other programs' stores."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == S - 1:
-        for i in range(0, tl.minimum(BLOCK_M, n_rows - r0)):
-            r = r0 + i
-            row = ((q_start + r // G) * HQ + h * G + r % G).to(tl.int64)
-            merge_row(m_ptr, l_ptr, acc_ptr, out_ptr, row, S, S_P, SC, D)
-        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 def fp8_paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
@@ -173,7 +144,7 @@ def _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_
     _, block_n, tune = settings(window)
     return launch_paged(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
-                        interpret, block_n, tune, merge=MERGE and window > 0)
+                        interpret, block_n, tune)
 
 
 def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens,

@@ -201,28 +201,6 @@ def test_fp8_interpreter_matches_reference(interp):
             assert T.rel_err(out, ref) < INTERP_TOL, (blk, window)
 
 
-@pytest.mark.parametrize("seqs,qlens", [([1, 130, 300], [1, 3, 9]), ([70, 5], [2, 5])])
-def test_fp8_merge_in_kernel_keeps_bits(interp, monkeypatch, seqs, qlens):
-    """Sliding layers merge their splits in the attention launch (the last program of each row
-    tile, fp8_paged_attention.MERGE): the bits of the kernel + attn_combine, several splits
-    per stream, ragged row tiles; every arrival counter is back to 0 after the call."""
-    fa = importlib.import_module("kolibri_trt_plugins.fp8_paged_attention")
-    pg = importlib.import_module("kolibri_trt_plugins._paged")
-    g = T.gen(len(seqs) + sum(qlens))
-    bt, sl, cu, nb = T.paged_layout(seqs, qlens, 16, g)
-    kf, vf = T.fp8_cache(nb, 16, 2, g)
-    q = T.randn((sum(qlens), 10, 128), g)
-    s1, s2 = torch.tensor([0.7]), torch.tensor([1.3])
-    args = (q, kf, vf, s1, s2, bt, sl, cu, max(seqs), max(qlens))
-    outs = []
-    for merge in (False, True):
-        monkeypatch.setattr(fa, "MERGE", merge)
-        outs.append(fp8_paged_attention(*args, window=200, part=64, interpret=True))
-    assert pg.num_splits(max(seqs), max(qlens), 200, 64) >= 2
-    assert torch.equal(outs[0], outs[1])
-    assert not pg._COUNTERS["cpu"].any()
-
-
 def test_combine_interpreter_and_empty_splits(interp):
     g = T.gen(9)
     m = torch.randn((5, 7), generator=g)
