@@ -3,23 +3,10 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok and cc, fz, gb, gk, st, tr, zu) were removed once their
+# n* parts, oa, od, oe, of, oh-ok, pa-pd and cc, fz, gb, gk, st, tr, zu) were removed once their
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
-#   PART=pa bash bench/gpu_session.sh   the o_proj and MoE norms fused, at 4a6d5ee (~9 min): gpu_check of the
-#       fused ops and the kernels they touch, whole decode + verify steps fused / unfused
-#       (bench/fullsize.py --unfused-norms), the read ceiling (bench/read_ceiling.py), the GEMV,
-#       MoE and fused-norm rows of bench/plugins.py against it.
-#   PART=pb bash bench/gpu_session.sh   gpu_runtime + gpu_drafter graphs on the trained default
-#       with o_proj's norm fused (the MoE's left unfused after pa), gpu_check normfused, whole
-#       decode steps unfused / fused, twice each (~7 min).      carry: engines/carry-b.tar.xz
-#   PART=pd bash bench/gpu_session.sh   after PART pc's merge was taken out: gpu_check normfused,
-#       fp8attn, fp8gemv, splitk; whole decode + verify steps with attribution (~5 min).
-#   PART=pc bash bench/gpu_session.sh   the sliding layers' splits merged in the attention launch
-#       (fp8_paged_attention.MERGE): gpu_check fp8attn + normfused, the sliding rows of
-#       bench/plugins.py with the merge on / off, whole decode steps off / on twice, gpu_runtime
-#       + gpu_drafter graphs on the trained default (~9 min).   carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -181,56 +168,6 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  pa)
-    step check 150 python3 bench/gpu_check.py --only normfused,norm,fp8gemv,fp8fused,splitk,moe
-    unset KOLIBRI_PDL   # whole steps under the default PDL: fused norms, then unfused, then fused
-    step fs_fused 110 python3 bench/fullsize.py --out "$OUT/fs_fused" --parts decode,verify \
-      --no-eager --no-attrib --budget 90
-    step fs_unfused 110 python3 bench/fullsize.py --out "$OUT/fs_unfused" --parts decode,verify \
-      --no-eager --no-attrib --budget 90 --unfused-norms
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step ceiling 60 python3 bench/read_ceiling.py
-    step plugins 140 python3 bench/plugins.py --only gemv,moe,fused --ceiling --quick \
-      --csv "$OUT/plugins.csv"
-    pack pa
-    ;;
-  pd)
-    step check 130 python3 bench/gpu_check.py --only normfused,fp8attn,fp8gemv,splitk
-    unset KOLIBRI_PDL   # whole decode + verify steps at the session's last code
-    step fullsize 120 python3 bench/fullsize.py --out "$OUT/fs" --parts decode,verify \
-      --no-eager --budget 100
-    pack pd
-    ;;
-  pc)
-    unpack carry-b
-    step check 90 python3 bench/gpu_check.py --only fp8attn,normfused
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step sliding_merge 50 python3 bench/plugins.py --only sliding --quick
-    step sliding_combine 50 python3 bench/plugins.py --only sliding --quick \
-      --set fp8_paged_attention.MERGE=False
-    unset KOLIBRI_PDL   # whole decode steps, the sliding merge off / on, twice each
-    for i in 1 2; do
-      step "fs_combine_$i" 50 python3 bench/fullsize.py --out "$OUT/fs_combine_$i" \
-        --parts decode --no-eager --no-attrib --budget 40 --set fp8_paged_attention.MERGE=False
-      step "fs_merge_$i" 50 python3 bench/fullsize.py --out "$OUT/fs_merge_$i" \
-        --parts decode --no-eager --no-attrib --budget 40
-    done
-    minichecks 240 40 graphs
-    pack pc
-    ;;
-  pb)
-    unpack carry-b
-    minichecks 230 60 graphs
-    step check 60 python3 bench/gpu_check.py --only normfused
-    unset KOLIBRI_PDL   # whole decode steps, the o_proj norm unfused / fused, twice each
-    for i in 1 2; do
-      step "fs_unfused_$i" 70 python3 bench/fullsize.py --out "$OUT/fs_unfused_$i" \
-        --parts decode --no-eager --no-attrib --budget 55 --unfused-norms
-      step "fs_fused_$i" 70 python3 bench/fullsize.py --out "$OUT/fs_fused_$i" \
-        --parts decode --no-eager --no-attrib --budget 55
-    done
-    pack pb
-    ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step tiles 150 python3 bench/moe_chunks.py --variants tiles
