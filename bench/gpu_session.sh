@@ -145,8 +145,8 @@ allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs o
   # default (engine carry-b); then PDL off for the kernel timings that follow
   unpack carry-b
   step check 240 python3 bench/gpu_check.py \
-    --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
-  minichecks 230 60 graphs
+    --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+  minichecks 300 60 graphs   # 230 s cut the last settings (h200-2026-12-02b/pb, pc)
   export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
 }
 
