@@ -194,8 +194,6 @@ def fp8_dequantize_ref(weight, weight_scale) -> torch.Tensor:
     return w * s.repeat_interleave(SUB_K, dim=1)[:, : w.shape[1]]
 
 
-
-
 def fp8_gemv_ref(x, weight, weight_scale, fusion: Fusion = NO_FUSION) -> torch.Tensor:
     """fp32 torch reference of :func:`fp8_gemv`; returns bf16 [M, N] ([M, N/2] for swiglu): the
     torch ops the fused options replace, in order (the row gather, add_rms_norm_ref per
