@@ -12,7 +12,7 @@ Batch invariance: 16-row dot tiles, fixed K order, tile config a function of N a
 
 Split-K (``split_k_for``; default 1 = the single-pass kernel): program (n-tile, m-tile, s) walks
 K range s (plugins/_split_k.py) and stores fp32 partials [S, M, N] (block scales already applied
-in registers); ``_fp8_gemv_reduce_kernel`` sums them in the order s = 0..S-1, applies the
+in registers); ``_gemv_reduce.launch_reduce`` sums them in the order s = 0..S-1, applies the
 per-tensor / per-channel scale and rounds to bf16. S is a function of (N, K) only.
 
 Fused prologue and epilogue (``fp8_gemv(..., norm=, act=, residual=)``, the drafter's glue;
@@ -35,7 +35,8 @@ from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, ne
 from ._common import early_launch, pdl_enter, pdl_release
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
-from ._split_k import k_range, num_splits, sum_splits
+from ._gemv_reduce import launch_reduce
+from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
                            dot_swapped, tile_rstds, x_rows)
@@ -68,7 +69,6 @@ SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces 
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
 SPLIT_K_BY_SHAPE = {(2560, 2560): 3}
-BLOCK_R = 1024      # columns per program of the split-K reduce
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 
@@ -158,29 +158,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             out = tile_acc(t, acc0, acc1, acc2, acc3)
             tl.store(p_ptr + m[:, None].to(tl.int64) * N + n64[None, :], out,
                      mask=(m < M)[:, None] & nmask[None, :])
-
-
-@jit
-def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.constexpr,
-                            SPLIT: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr = 0,
-                            RES: tl.constexpr = False, PDL: tl.constexpr = 0):
-    """y[m, n] = bf16(scale · Σ_s p[s, m, n]), s = 0..SPLIT-1 in order, then the epilogue
-    (`_store_out`); grid (M, N / BLOCK)."""
-    pdl_enter(PDL)
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    nmask = n < N
-    offs = tl.program_id(0).to(tl.int64) * N + n
-    out = sum_splits(p_ptr, offs, nmask, M * N, SPLIT)
-    if MODE == 0:
-        scale = tl.load(s_ptr)
-    elif MODE == 1:
-        scale = tl.load(s_ptr + n, mask=nmask, other=0.0)
-    else:
-        scale = 1.0
-    m = tl.program_id(0) + tl.arange(0, 1)
-    pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    _store_out(y_ptr, r_ptr, (out * scale)[None, :], m, tl.program_id(1) * BLOCK, M, N, sr_m,
-               BLOCK, ACT, RES)
 
 
 def fp8_dequantize_ref(weight, weight_scale) -> torch.Tensor:
@@ -354,13 +331,7 @@ def launch_fp8_gemv(x, weight, weight_scale, f: Fusion, interpret):
         return y
     part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
     _launch_main(x, weight, weight_scale, f, interpret, part, split)
-    r = x if f.residual is None else f.residual
-    launch(_fp8_gemv_reduce_kernel, (M, cdiv(N, BLOCK_R)), part, weight_scale, y, r, M, N,
-           0 if f.residual is None else f.residual.stride(0),
-           MODE=scale_mode(weight, weight_scale), SPLIT=split, BLOCK=BLOCK_R, ACT=code,
-           RES=f.residual is not None, num_warps=4, interpret=interpret,
-           pdl_early=early_launch("gemv", M),
-           **({} if f.plain else dict(enable_fp_fusion=False)))
+    launch_reduce(part, weight_scale, y, f, scale_mode(weight, weight_scale), interpret)
     return y
 
 
