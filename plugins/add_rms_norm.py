@@ -40,9 +40,9 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, sx, sr, eps,
 @jit
 def rms_norm_row(h_ptr, w_ptr, t, eps, N: tl.constexpr, BLOCK: tl.constexpr):
     """fp32 [BLOCK] (zero past N): bf16 row t of h [*, N] (contiguous) read back, then
-    ``(h * rsqrt(mean(h²) + eps)) * w``, this kernel's maths, for the kernels that write h
-    themselves first (fp8_gemv_add_rms_norm: the row's loads and
-    its sum take the same form as here; a barrier before the call makes h visible)."""
+    ``(h * rsqrt(mean(h²) + eps)) * w``, this file's maths, for kernels that write h first
+    (fp8_gemv_add_rms_norm): the row read back as bf16 is summed as `_add_rms_norm_kernel`
+    sums it (the same bits on the H200); a barrier before the call makes h visible."""
     n = tl.arange(0, BLOCK)
     m = n < N
     x = tl.load(h_ptr + t * N + n, mask=m, other=0.0).to(tl.float32)
