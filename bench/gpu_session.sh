@@ -7,8 +7,8 @@
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
-#   PART=qa bash bench/gpu_session.sh   fp8_gemv in 64-row unswapped tiles (wgmma on sm_90) at 16-144
-#       rows against the defaults, time and bits (bench/gemv_rows64.py, ~4 min).
+#   PART=qa bash bench/gpu_session.sh   fp8_gemv and nvfp4_gemv in 64-row unswapped tiles (wgmma on
+#       sm_90) at 16-144 rows against the defaults, time and bits (bench/gemv_rows64.py, ~9 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -172,7 +172,8 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 case "${PART:-}" in
   qa)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step rows64 300 python3 bench/gemv_rows64.py
+    step rows64_fp8 250 python3 bench/gemv_rows64.py --kernels fp8 --out "$OUT/fp8"
+    step rows64_nvfp4 250 python3 bench/gemv_rows64.py --kernels nvfp4 --out "$OUT/nvfp4"
     pack qa
     ;;
   og)

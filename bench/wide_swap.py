@@ -61,6 +61,23 @@ def nv_grid(swap_rows: int) -> list[tuple]:
 FILE = (0, 0, 0, 0)   # the file's own settings
 
 
+def fp8_sets(n: int, mode: str) -> list[tuple]:
+    """Random e4m3 [n, K] weights with per-tensor ("tensor") or 1x64 block scales, as many
+    sets as rotate past the L2 (plugin_timing.sets_for)."""
+    return [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
+             torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
+             else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
+
+
+def nvfp4_sets(n: int) -> tuple[list[tuple], int]:
+    """Random NVFP4 [n, K] weights (packed e2m1, e4m3 block scales, global scale) rotated past
+    the L2, and the bytes of one set."""
+    wbytes = n * K // 2 + n * K // 16
+    return [(torch.randint(0, 256, (n, K // 2), dtype=torch.uint8, device=PT.DEV),
+             (torch.rand((n, K // 16), device=PT.DEV) + 0.25).to(PT.E4M3),
+             torch.tensor([0.02], device=PT.DEV)) for _ in range(PT.sets_for(wbytes))], wbytes
+
+
 def setter(mod):
     """apply(swap_rows, rows_swap, warps, stages) on mod (fp8_gemv: one SWAP_TILES entry;
     nvfp4_gemv: ROWS_SWAP and TUNE_SWAP); FILE restores the file's settings."""
@@ -82,20 +99,46 @@ def setter(mod):
     return apply, FILE
 
 
-def run(rows, kernel, name, nbytes_w, n, m, calls, grid, mod):
-    """Time the file's defaults and each grid variant of one shape and M; rows get a dict each."""
-    apply, default = setter(mod)
+SWAP_FIELDS = ("swap_rows", "rows_swap", "warps", "stages")
+
+
+def run(rows, kernel, name, nbytes_w, n, m, calls, grid, apply, default, fields=SWAP_FIELDS):
+    """Time the defaults and each grid variant (apply(*variant) sets it; fields name its
+    values) of one shape and M, every variant's bits against the defaults'; a dict each."""
     base = calls[0]()
     nbytes = nbytes_w + m * (n + K) * 2
     for v, us, same in PT.variants(f"{kernel} {name} M={m}", calls, default, grid, apply,
                                    lambda y: torch.equal(y, base)):
         tbs = nbytes / us / 1e6
-        rows.append(dict(kernel=kernel, shape=name, M=m, swap_rows=v[0], rows_swap=v[1],
-                         warps=v[2], stages=v[3], us=us, TBs=tbs, pct=100 * tbs * 1e12 / PT.BW,
-                         bits_equal=same, default=v == default))
-        print(f"{kernel} {name:12s} M={m:2d} swap_rows={v[0]:2d} rows={v[1]:2d} warps={v[2]} "
-              f"stages={v[3]} {us:8.1f} us {tbs:5.2f} TB/s {100 * tbs * 1e12 / PT.BW:5.1f}%  "
+        pct = 100 * tbs * 1e12 / PT.BW
+        rows.append(dict(kernel=kernel, shape=name, M=m, **dict(zip(fields, v)), us=us,
+                         TBs=tbs, pct=pct, bits_equal=same, default=v == default))
+        desc = " ".join(f"{k}={x}" for k, x in zip(fields, v))
+        print(f"{kernel} {name:12s} M={m:3d} {desc} {us:8.1f} us {tbs:5.2f} TB/s {pct:5.1f}%  "
               f"bits == default: {same}{'  (default)' if v == default else ''}", flush=True)
+
+
+def sweep(kernels, ms, fp8_plan, nv_plan) -> list[dict]:
+    """`run` over FP8_SHAPES (kernels holding "fp8") and HEADS ("nvfp4") at every M of ms;
+    each plan: (grid, apply, default, fields) of that kernel's variants."""
+    rows: list[dict] = []
+    for name, n, mode in FP8_SHAPES if "fp8" in kernels else ():
+        ws = fp8_sets(n, mode)
+        for m in ms:
+            x = torch.randn((m, K), device=PT.DEV).bfloat16()
+            run(rows, "fp8", name, n * K, n, m, [lambda w=w: fp8_gemv(x, *w) for w in ws],
+                *fp8_plan)
+        del ws
+        torch.cuda.empty_cache()
+    for name, n in HEADS if "nvfp4" in kernels else ():
+        ws, wbytes = nvfp4_sets(n)
+        for m in ms:
+            x = torch.randn((m, K), device=PT.DEV).bfloat16()
+            run(rows, "nvfp4", name, wbytes, n, m, [lambda w=w: nvfp4_gemv(x, *w) for w in ws],
+                *nv_plan)
+        del ws
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main() -> int:
@@ -113,28 +156,8 @@ def main() -> int:
     if set(kernels) - {"fp8", "nvfp4"}:
         ap.error(f"--kernels: among fp8, nvfp4, got {args.kernels}")
     out = PT.out_dir()
-    rows: list[dict] = []
-    for name, n, mode in FP8_SHAPES if "fp8" in kernels else ():
-        ws = [(torch.randn((n, K), device=PT.DEV).to(PT.E4M3),
-               torch.tensor([0.02], device=PT.DEV) if mode == "tensor"
-               else torch.rand((n, K // 64), device=PT.DEV)) for _ in range(PT.sets_for(n * K))]
-        for m in ms:
-            x = torch.randn((m, K), device=PT.DEV).bfloat16()
-            run(rows, "fp8", name, n * K, n, m, [lambda w=w: fp8_gemv(x, *w) for w in ws],
-                fp8_grid(args.swap_rows), F8)
-        del ws
-        torch.cuda.empty_cache()
-    for name, n in HEADS if "nvfp4" in kernels else ():
-        wbytes = n * K // 2 + n * K // 16
-        ws = [(torch.randint(0, 256, (n, K // 2), dtype=torch.uint8, device=PT.DEV),
-               (torch.rand((n, K // 16), device=PT.DEV) + 0.25).to(PT.E4M3),
-               torch.tensor([0.02], device=PT.DEV)) for _ in range(PT.sets_for(wbytes))]
-        for m in ms:
-            x = torch.randn((m, K), device=PT.DEV).bfloat16()
-            run(rows, "nvfp4", name, wbytes, n, m, [lambda w=w: nvfp4_gemv(x, *w) for w in ws],
-                nv_grid(args.swap_rows), NV)
-        del ws
-        torch.cuda.empty_cache()
+    rows = sweep(kernels, ms, (fp8_grid(args.swap_rows), *setter(F8), SWAP_FIELDS),
+                 (nv_grid(args.swap_rows), *setter(NV), SWAP_FIELDS))
     (out / "wide_swap.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1
 
