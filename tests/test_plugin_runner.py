@@ -187,3 +187,26 @@ def test_unknown_options_raise(engines):
     runner = LLM(engines["fp8"], speculative="off", model_impl="plugins").engine.runner
     with pytest.raises(ValueError, match="use_graphs"):
         PluginRunner(runner.model, runner.caches, 1, 64, 2, 16, use_graphs=True)
+
+
+def test_one_rank_fuses_the_o_proj_norm(engines, monkeypatch):
+    """At one rank every layer's o_proj and post-attention norm go through the fused op
+    (fp8_gemv_add_rms_norm); with an all-reduce hook (here the identity: tensor parallelism's
+    path at one rank) they run as fp8_gemv, all-reduce, add_rms_norm, with the same logits."""
+    from kolibri_trt.model import plugin_model as pm
+    llm = LLM(engines["fp8"], speculative="off", model_impl="plugins")
+    model = llm.engine.runner.model
+    assert isinstance(llm.engine.runner, PluginRunner) and model.all_reduce is None
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    seq = out.prompt_token_ids + out.token_ids
+    calls = []
+    fused = pm.fp8_gemv_add_rms_norm
+    monkeypatch.setattr(pm, "fp8_gemv_add_rms_norm", lambda *a: calls.append(1) or fused(*a))
+    want = llm.engine.score(seq)
+    assert len(calls) >= len(model.layers) and len(calls) % len(model.layers) == 0
+    calls.clear()
+    reduced = []
+    monkeypatch.setattr(model, "all_reduce", lambda t: reduced.append(1) or t)
+    got = llm.engine.score(seq)
+    assert not calls and len(reduced) >= 2 * len(model.layers)
+    assert torch.equal(got, want)
