@@ -13,6 +13,18 @@ BLOCK_R = 1024      # columns per program of the split-K reduce
 
 
 @jit
+def scaled_sum(p_ptr, s_ptr, offs, n, mask, stride_s, SPLIT: tl.constexpr, MODE: tl.constexpr):
+    """fp32 scale · Σ_s p[s·stride_s + offs] (s = 0..SPLIT-1 in order) for columns n: MODE 0 the
+    per-tensor scale, 1 per channel, 2 block scales (already applied in the partials: 1)."""
+    out = sum_splits(p_ptr, offs, mask, stride_s, SPLIT)
+    if MODE == 0:
+        out = out * tl.load(s_ptr)
+    elif MODE == 1:
+        out = out * tl.load(s_ptr + n, mask=mask, other=0.0)
+    return out
+
+
+@jit
 def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.constexpr,
                             SPLIT: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr = 0,
                             RES: tl.constexpr = False, PDL: tl.constexpr = 0):
@@ -22,16 +34,10 @@ def _fp8_gemv_reduce_kernel(p_ptr, s_ptr, y_ptr, r_ptr, M, N, sr_m, MODE: tl.con
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     nmask = n < N
     offs = tl.program_id(0).to(tl.int64) * N + n
-    out = sum_splits(p_ptr, offs, nmask, M * N, SPLIT)
-    if MODE == 0:
-        scale = tl.load(s_ptr)
-    elif MODE == 1:
-        scale = tl.load(s_ptr + n, mask=nmask, other=0.0)
-    else:
-        scale = 1.0
+    out = scaled_sum(p_ptr, s_ptr, offs, n, nmask, M * N, SPLIT, MODE)
     m = tl.program_id(0) + tl.arange(0, 1)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    _store_out(y_ptr, r_ptr, (out * scale)[None, :], m, tl.program_id(1) * BLOCK, M, N, sr_m,
+    _store_out(y_ptr, r_ptr, out[None, :], m, tl.program_id(1) * BLOCK, M, N, sr_m,
                BLOCK, ACT, RES)
 
 

@@ -300,38 +300,37 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
            **extra, **tune)
 
 
-def launch_partials(x, weight, weight_scale, interpret: bool = False):
-    """fp32 partials [S, M, N] of the plain product x·Wᵀ over the S K ranges of
+def launch_partials(x, weight, weight_scale, interpret: bool = False, f: Fusion = NO_FUSION):
+    """fp32 partials [S, M, N] of x·Wᵀ (f's prologue applied) over the S K ranges of
     `split_k_for` (block scales applied, per-tensor / per-channel ones not), or None when the
-    shape is not split (S = 1). The first half of a split GEMV, for kernels that finish the
-    sum themselves (fp8_gemv_add_rms_norm). Arguments as :func:`fp8_gemv` (checked there)."""
+    shape is not split (S = 1). The first half of a split GEMV: the reduce (`launch_reduce`)
+    or a kernel that finishes the sum itself (fp8_gemv_add_rms_norm) takes it from here.
+    Arguments as :func:`fp8_gemv` (checked there)."""
     K, N = x.shape[1], weight.shape[0]
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
     if split == 1:
         return None
-    part = torch.empty((split, x.shape[0], N), dtype=torch.float32, device=x.device)
+    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
+    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
     if part.numel():
-        _launch_main(x, weight, weight_scale, NO_FUSION, interpret, part, split)
+        _launch_main(x, weight, weight_scale, f, interpret, part, split)
     return part
 
 
 def launch_fp8_gemv(x, weight, weight_scale, f: Fusion, interpret):
     """The GEMV's launches without argument checks or op dispatch (checked arguments, as
     :func:`fp8_gemv`; f: the fused options); returns y."""
-    K = x.shape[1]
     M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
     N = weight.shape[0]
-    code = ACTS.index(f.act)
-    y = torch.empty((M, N // 2 if code == 2 else N), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((M, N // 2 if f.act == "swiglu" else N), dtype=torch.bfloat16,
+                    device=x.device)
     if M == 0 or N == 0:
         return y
-    split = num_splits(K, split_k_for(N, K), BLOCK_K)
-    if split == 1:
+    part = launch_partials(x, weight, weight_scale, interpret, f)
+    if part is None:
         _launch_main(x, weight, weight_scale, f, interpret, y, 1)
-        return y
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-    _launch_main(x, weight, weight_scale, f, interpret, part, split)
-    launch_reduce(part, weight_scale, y, f, scale_mode(weight, weight_scale), interpret)
+    else:
+        launch_reduce(part, weight_scale, y, f, scale_mode(weight, weight_scale), interpret)
     return y
 
 

@@ -20,7 +20,7 @@ import torch
 
 from ._common import NAMESPACE, check_tensor, jit, kernel_path, launch, tl
 from ._common import early_launch, pdl_enter, pdl_release
-from ._split_k import sum_splits
+from ._gemv_reduce import scaled_sum
 from .add_rms_norm import add_rms_norm_ref, launch_add_rms_norm, norm_config, rms_norm_row
 from .fp8_gemv import (NO_FUSION, check_args, fp8_gemv_ref, launch_fp8_gemv, launch_partials,
                        scale_mode)
@@ -36,12 +36,8 @@ def _splitk_add_rms_norm_kernel(p_ptr, s_ptr, r_ptr, g_ptr, h_ptr, y_ptr, M, sr_
     t = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, BLOCK)
     m = n < N
-    out = sum_splits(p_ptr, t * N + n, m, M * N, SPLIT)
-    if MODE == 0:
-        out = out * tl.load(s_ptr)
-    elif MODE == 1:
-        out = out * tl.load(s_ptr + n, mask=m, other=0.0)
-    o = out.to(tl.bfloat16).to(tl.float32)
+    o = scaled_sum(p_ptr, s_ptr, t * N + n, n, m, M * N, SPLIT, MODE)
+    o = o.to(tl.bfloat16).to(tl.float32)
     r = tl.load(r_ptr + t * sr_m + n, mask=m, other=0.0).to(tl.float32)
     tl.store(h_ptr + t * N + n, (r + o).to(tl.bfloat16), mask=m)
     tl.debug_barrier()    # h written by every thread of the program before it is read back
