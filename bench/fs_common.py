@@ -250,15 +250,3 @@ def model_bytes(model) -> int:
             total += t.numel() * t.element_size()
     return total
 
-
-def unfuse_norms() -> None:
-    """--unfused-norms (A/B runs of whole steps): the model's o_proj with its norm as the
-    launches fp8_gemv_add_rms_norm replaces, fp8_gemv then add_rms_norm (the same maths)."""
-    from kolibri_trt.model import plugin_model as pm
-    from kolibri_trt_plugins import add_rms_norm, fp8_gemv
-
-    def o_proj(a, w, s, h, gain, eps):
-        return add_rms_norm(h, fp8_gemv(a, w, s), gain, eps)
-
-    pm.fp8_gemv_add_rms_norm = o_proj
-    log("norms: unfused (fp8_gemv, then add_rms_norm)")

@@ -56,7 +56,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import standalone  # noqa: E402,F401  (repository on sys.path; plugins/ by path)
-from fs_common import AIMS, BW, Bench, build_engine, log, unfuse_norms  # noqa: E402
+from fs_common import AIMS, BW, Bench, build_engine, log  # noqa: E402
 from plugin_settings import apply_settings  # noqa: E402
 from fs_parts import part_decode, part_kv, part_verify  # noqa: E402
 from fs_profile import part_profile  # noqa: E402
@@ -130,7 +130,7 @@ def parse(argv=None):
     p.add_argument("--no-eager", action="store_true", help="skip the eager timings")
     p.add_argument("--no-attrib", action="store_true", help="skip the per-class attribution")
     p.add_argument("--unfused-norms", action="store_true",
-                   help="A/B: o_proj, then add_rms_norm, as separate launches")
+                   help="A/B: o_proj, then add_rms_norm (the model's tensor-parallel path)")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                    help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
     args = p.parse_args(argv)
@@ -163,12 +163,13 @@ def main(argv=None) -> int:
     log(f"fullsize: parts {args.parts} on {b.dev} ({meta.get('gpu', 'cpu')}), budget "
         f"{args.budget:.0f} s, block {b.bs}")
     torch.set_grad_enabled(False)
-    if args.unfused_norms:
-        unfuse_norms()
     apply_settings(args.set)
     status = 0
     try:
         build_engine(b)
+        if args.unfused_norms:   # the model's own tensor-parallel path, with an identity hook
+            b.model.all_reduce = lambda t: t
+            log("norms: unfused (o_proj, then add_rms_norm: an identity all-reduce hook)")
         b.save()
         for name in args.parts:
             if not b.enough(15, f"part {name}"):
