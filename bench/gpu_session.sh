@@ -3,12 +3,13 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd and cc, fz, gb, gk, st, tr, zu) were removed once their
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa and cc, fz, gb, gk, st, tr, zu) were removed once their
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
-#   PART=qa bash bench/gpu_session.sh   fp8_gemv and nvfp4_gemv in 64-row unswapped tiles (wgmma on
-#       sm_90) at 16-144 rows against the defaults, time and bits (bench/gemv_rows64.py, ~9 min).
+#   PART=rs bash bench/gpu_session.sh   where greedy graph runs of 8 streams lose their time
+#       (bench/runtime_stalls.py: per-step times, compilations, captures, gc; ~3 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -170,11 +171,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  qa)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step rows64_fp8 250 python3 bench/gemv_rows64.py --kernels fp8 --out "$OUT/fp8"
-    step rows64_nvfp4 250 python3 bench/gemv_rows64.py --kernels nvfp4 --out "$OUT/nvfp4"
-    pack qa
+  rs)
+    unpack carry-b
+    step stalls 400 python3 bench/runtime_stalls.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file engines/prompts/spec_bench_question.jsonl
+    pack rs
     ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
