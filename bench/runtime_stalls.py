@@ -9,7 +9,7 @@ Why: bench/gpu_runtime.py has measured greedy (T = 0) runs of 8 streams through 
 100-200 tokens/s, against 300-500 eager and ~2,000 for the same setting unchained or sampled
 (bench/results/h200-2026-12-01d/nx/ .. h200-2026-12-02b/pc/runtime.log). Each setting here is
 one fresh `LLM` (speculative mode, max_num_seqs = streams, graphs unless eager), warmed up as
-bench/spec_decode.py's `run` does, then timed twice in a row on the same prompts ("first",
+bench/spec_decode.py's `run` did until 2026-12-02 (2 tokens per prompt), then timed twice in a row on the same prompts ("first",
 "again"). Per timed generate: tokens/s, steps, median and largest step (ms), the steps above
 5x the median and their share of the time, Triton compilations (knobs.runtime.
 jit_post_compile_hook: kernel names), graphs captured (runner.graphs) and gc passes with their
@@ -108,7 +108,7 @@ def run_setting(engine: Path, prompts, setting, max_tokens: int, probe: Probe,
               model_impl="plugins", enforce_eager=eager)
     ids = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p.text}])
            for p in prompts]
-    llm.generate(ids, SamplingParams(max_tokens=2))     # spec_decode.run's warm-up
+    llm.generate(ids, SamplingParams(max_tokens=2))   # spec_decode.run's warm-up until 2026-12-02
     params = SamplingParams(max_tokens=max_tokens, temperature=temp, seed=1, ignore_eos=True)
     row = {"mode": mode, "temperature": temp, "streams": streams, "eager": eager}
     for tag in ("first", "again"):

@@ -31,10 +31,15 @@ def run(engine: Path, mode: str, streams: int, prompts: list, params: SamplingPa
     llm = LLM(engine, speculative=mode, max_num_seqs=streams, **llm_options)
     ids = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p.text}])
            for p in prompts]
-    # warm-up: on a GPU every prompt once, so that Triton compiles each prefill shape before
-    # the timing (else the first configuration of a run pays the compilations)
-    warm = ids[:1] if str(llm_options.get("device", "cpu")) == "cpu" else ids
-    llm.generate(warm, SamplingParams(max_tokens=2))
+    # warm-up: on a GPU the timed generate itself once, so that Triton compiles every shape
+    # its steps meet before the timing. A warm-up of 2 tokens per prompt batched the prefills
+    # otherwise and left kernels to compile inside the timed run: 2.1 s in one step, 128
+    # against 1,950 tokens/s at 8 streams (bench/runtime_stalls.py,
+    # bench/results/h200-2026-12-02c/rs/). On CPU one prompt, 2 tokens.
+    if str(llm_options.get("device", "cpu")) == "cpu":
+        llm.generate(ids[:1], SamplingParams(max_tokens=2))
+    else:
+        llm.generate(ids, params)
     llm.engine.stats = SpecMetrics()
     t0 = time.perf_counter()
     outs = llm.generate(ids, params)
