@@ -7,6 +7,8 @@
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
+#   PART=ks bash bench/gpu_session.sh   an FP8 GEMV with each K step split across the program's
+#       warps (bench/ksplit_probe.py) against fp8_gemv at 1-8 rows (~4 min).
 #   PART=rs bash bench/gpu_session.sh   where greedy graph runs of 8 streams lose their time
 #       (bench/runtime_stalls.py: per-step times, compilations, captures, gc; ~3 min).
 #                                                               carry: engines/carry-b.tar.xz
@@ -171,6 +173,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  ks)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step ksplit 400 python3 bench/ksplit_probe.py --out "$OUT"
+    pack ks
+    ;;
   rs)
     unpack carry-b
     step stalls 400 python3 bench/runtime_stalls.py --engine engines/mini-h200 --out "$OUT" \
