@@ -7,6 +7,9 @@
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
+#   PART=kp bash bench/gpu_session.sh   fp8_gemv with K steps in pairs (K_PAIRS 2, two warps per
+#       swapped tile) against the forms before (K_PAIRS 1, one warp): gpu_check of the GEMVs,
+#       bench/plugins.py --only gemv,fused and whole decode + verify steps for both (~9 min).
 #   PART=ks bash bench/gpu_session.sh   an FP8 GEMV with each K step split across the program's
 #       warps (bench/ksplit_probe.py) against fp8_gemv at 1-8 rows (~4 min).
 #   PART=rs bash bench/gpu_session.sh   where greedy graph runs of 8 streams lose their time
@@ -173,6 +176,17 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  kp)
+    OLD="--set fp8_gemv.K_PAIRS=1 --set fp8_gemv.SWAP_TILES=((8,8,1,5),(32,16,1,3),(64,32,1,3),(144,16,1,3))"
+    step check 120 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,normfused
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step gemv_new 75 python3 bench/plugins.py --only gemv,fused --quick
+    step gemv_old 75 python3 bench/plugins.py --only gemv,fused --quick $OLD
+    unset KOLIBRI_PDL
+    step fs_new 115 python3 bench/fullsize.py --out "$OUT/fs_new" --parts decode,verify --budget 85
+    step fs_old 115 python3 bench/fullsize.py --out "$OUT/fs_old" --parts decode,verify --budget 85 $OLD
+    pack kp
+    ;;
   ks)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step ksplit 400 python3 bench/ksplit_probe.py --out "$OUT"
