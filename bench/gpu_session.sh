@@ -7,9 +7,10 @@
 # results were written up: each results README (bench/results/*/README.md) names the commit whose
 # bench/gpu_session.sh holds the part it ran.
 #
-#   PART=kp bash bench/gpu_session.sh   fp8_gemv with K steps in pairs (K_PAIRS 2, two warps per
-#       swapped tile) against the forms before (K_PAIRS 1, one warp): gpu_check of the GEMVs,
-#       bench/plugins.py --only gemv,fused and whole decode + verify steps for both (~9 min).
+#   PART=kq bash bench/gpu_session.sh   K steps in pairs (fp8_gemv, moe_experts K_PAIRS 2):
+#       gpu_check fp8gemv,moe; fp8_gemv's swapped tiles at 2 / 4 warps, stages 2 / 3
+#       (bench/wide_swap.py); the MoE alone, pairs against K_PAIRS 1; whole decode + verify
+#       steps with neither, the GEMV's only and both (~9 min).
 #   PART=ks bash bench/gpu_session.sh   an FP8 GEMV with each K step split across the program's
 #       warps (bench/ksplit_probe.py) against fp8_gemv at 1-8 rows (~4 min).
 #   PART=rs bash bench/gpu_session.sh   where greedy graph runs of 8 streams lose their time
@@ -176,16 +177,21 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  kp)
-    OLD="--set fp8_gemv.K_PAIRS=1 --set fp8_gemv.SWAP_TILES=((8,8,1,5),(32,16,1,3),(64,32,1,3),(144,16,1,3))"
-    step check 120 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,normfused
+  kq)
+    OLD_GEMV="--set fp8_gemv.K_PAIRS=1 --set fp8_gemv.SWAP_TILES=((8,8,1,5),(32,16,1,3),(64,32,1,3),(144,16,1,3))"
+    OLD_MOE="--set moe_experts.K_PAIRS=1 --set moe_experts.TUNE_SWAP={'num_warps':4,'num_stages':4} --set moe_experts.TUNE_SWAP_WIDE={'num_warps':4,'num_stages':3}"
+    step check 130 python3 bench/gpu_check.py --only fp8gemv,moe
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step gemv_new 75 python3 bench/plugins.py --only gemv,fused --quick
-    step gemv_old 75 python3 bench/plugins.py --only gemv,fused --quick $OLD
+    step tiles 90 python3 bench/wide_swap.py --kernels fp8 --ms 16,64,144 --swap-rows 144 \
+      --warps 2,4 --stages 2,3
+    step moe_new 45 python3 bench/plugins.py --only moe --quick
+    step moe_old 45 python3 bench/plugins.py --only moe --quick $OLD_MOE
     unset KOLIBRI_PDL
-    step fs_new 115 python3 bench/fullsize.py --out "$OUT/fs_new" --parts decode,verify --budget 85
-    step fs_old 115 python3 bench/fullsize.py --out "$OUT/fs_old" --parts decode,verify --budget 85 $OLD
-    pack kp
+    FS="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 55"
+    step fs_old 75 $FS --out "$OUT/fs_old" $OLD_GEMV $OLD_MOE
+    step fs_gemv 75 $FS --out "$OUT/fs_gemv" $OLD_MOE
+    step fs_both 75 $FS --out "$OUT/fs_both"
+    pack kq
     ;;
   ks)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

@@ -3,6 +3,7 @@
 H200. One call:
 
     python3 bench/wide_swap.py [--out DIR] [--kernels fp8,nvfp4] [--ms 16,32,64] [--swap-rows 64]
+        [--warps 1,4] [--stages 3,5]
 
 fp8_gemv (QKV 3584 x 2560 and o_proj 2560 x 2560 per tensor, the drafter's 7680 x 2560 with
 1x64 block scales) and nvfp4_gemv (LM head 131072 x 2560, drafter head 60614 x 2560) at M = 16,
@@ -47,9 +48,9 @@ NV = importlib.import_module("kolibri_trt_plugins.nvfp4_gemv")
 K = 2560
 FP8_SHAPES = (("qkv", 3584, "tensor"), ("o_proj", 2560, "tensor"), ("drafter_mlp", 7680, "block"))
 HEADS = (("lm_head", 131072), ("drafter_head", 60614))
-def fp8_grid(swap_rows: int) -> list[tuple]:
+def fp8_grid(swap_rows: int, warps=(1, 4), stages=(3, 5)) -> list[tuple]:
     """(SWAP_ROWS, rows per tile, num_warps, num_stages) variants of fp8_gemv's swapped form."""
-    grid = [(swap_rows, r, w, s) for r, w, s in itertools.product((16, 32), (1, 4), (3, 5))]
+    grid = [(swap_rows, r, w, s) for r, w, s in itertools.product((16, 32), warps, stages)]
     return grid + ([(swap_rows, 64, 4, 3)] if swap_rows > 64 else [])
 
 
@@ -148,15 +149,19 @@ def main() -> int:
     ap.add_argument("--ms", default="16,32,64", help="rows per call, comma-separated")
     ap.add_argument("--swap-rows", type=int, default=64,
                     help="SWAP_ROWS of the swapped variants (>= the largest of --ms)")
+    ap.add_argument("--warps", default="1,4", help="fp8 variants' num_warps, comma-separated")
+    ap.add_argument("--stages", default="3,5", help="fp8 variants' num_stages, comma-separated")
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
+    warps = tuple(int(v) for v in args.warps.split(","))
+    stages = tuple(int(v) for v in args.stages.split(","))
     if min(ms) < 1 or max(ms) > args.swap_rows:
         ap.error(f"--ms: rows in 1..--swap-rows ({args.swap_rows}), got {args.ms}")
     kernels = args.kernels.split(",")
     if set(kernels) - {"fp8", "nvfp4"}:
         ap.error(f"--kernels: among fp8, nvfp4, got {args.kernels}")
     out = PT.out_dir()
-    rows = sweep(kernels, ms, (fp8_grid(args.swap_rows), *setter(F8), SWAP_FIELDS),
+    rows = sweep(kernels, ms, (fp8_grid(args.swap_rows, warps, stages), *setter(F8), SWAP_FIELDS),
                  (nv_grid(args.swap_rows), *setter(NV), SWAP_FIELDS))
     (out / "wide_swap.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["bits_equal"] for r in rows) else 1

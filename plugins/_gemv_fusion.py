@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from ._common import check_tensor, jit, tl
+from ._k_pairs import pair_operands
 
 
 @jit
@@ -122,30 +123,15 @@ def _store_out(y_ptr, r_ptr, out, m, c0, M, N, sr_m, C: tl.constexpr, ACT: tl.co
 def dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: tl.constexpr,
                 DOT_F32: tl.constexpr, PAIRS: tl.constexpr = 1):
     """acc [BLOCK_N, ROWS] += W_tile · x^T: the decoded weights wb [BLOCK_N, BLOCK_K] as the MMA's
-    A operand, the rows m [ROWS] of x (columns kx) as its N. PAIRS 2: wb [BLOCK_N, 2·BLOCK_K]
-    and acc [2, BLOCK_N, ROWS], one batch per half of the K step (`pair_operands`)."""
+    A operand, the rows m [ROWS] of x (columns kx) as its N; wb [BLOCK_N, PAIRS·BLOCK_K] and
+    acc [PAIRS, BLOCK_N, ROWS], one batch per block of the K step (`pair_operands`)."""
     xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
     xt = tl.load(x_ptr + xr[None, :] * sx_m + kx[:, None], mask=kmask[:, None] & (m < M)[None, :],
                  other=0.0)
-    if PAIRS > 1:
-        wb, xt = pair_operands(wb, xt, PAIRS)
+    wb, xt = pair_operands(wb, xt, PAIRS)
     if DOT_F32:
         return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
     return tl.dot(wb, xt, acc)
-
-
-@jit
-def pair_operands(a, b, PAIRS: tl.constexpr):
-    """a [R, PAIRS·BK], b [PAIRS·BK, C] -> ([PAIRS, R, BK], [PAIRS, BK, C]): the batched dot of
-    the two gives, in batch p, the product over the K step's p-th block of BK columns alone
-    (each batch its own MMA chain and accumulator; Triton gives the batches to different warps).
-    Summed at the end (`tl.sum(acc, 0)`: for two blocks one fp32 add, whose order cannot
-    matter), this is the K loop's reduction order in every form of a kernel."""
-    R: tl.constexpr = a.shape[0]
-    BK: tl.constexpr = a.shape[1] // PAIRS
-    C: tl.constexpr = b.shape[1]
-    return (tl.permute(tl.reshape(a, (R, PAIRS, BK)), (1, 0, 2)),
-            tl.reshape(b, (PAIRS, BK, C)))
 
 
 ACTS = ("none", "silu", "swiglu")   # the epilogue's activation, ACT = ACTS.index(act)

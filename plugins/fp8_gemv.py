@@ -38,8 +38,9 @@ from ._rows import linear_rows
 from ._gemv_reduce import launch_reduce
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
+from ._k_pairs import pair_operands
 from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
-                           dot_swapped, pair_operands, tile_rstds, x_rows)
+                           dot_swapped, tile_rstds, x_rows)
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
@@ -65,8 +66,10 @@ DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit plac
 # H200 µs against the 16-row form (plugins/NOTES.md "Weights as the MMA's A operand", "fp8_gemv's
 # swapped form to 144 rows"): QKV at 1 / 64 / 144 rows 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2.
 SWAP_ROWS = 144
-# (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
-SWAP_TILES = ((8, 8, 2, 4), (32, 16, 2, 3), (64, 32, 2, 3), (144, 16, 2, 3))
+# (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M. With
+# K_PAIRS 2 each block of a pair has its own warps; 32-row tiles at 2 warps and stages 3 held
+# 80 KiB of shared memory and lost at 64 rows (QKV 12.1 -> 15.0 µs, h200-2026-12-02c/kp/)
+SWAP_TILES = ((8, 8, 2, 4), (32, 16, 2, 3), (64, 32, 4, 2), (144, 16, 2, 3))
 # Row counts at which plain per-tensor GEMVs keep WIDE_TILES though M <= SWAP_ROWS: full groups
 # of 64 rows (QKV / o_proj at 128 rows 18.9 / 17.3 µs against 21.4 / 19.7 swapped, oj/)
 WIDE_ROWS = (128,)
