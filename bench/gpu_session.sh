@@ -3,19 +3,13 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa and cc, fz, gb, gk, st, tr, zu) were removed once their
-# results were written up: each results README (bench/results/*/README.md) names the commit whose
-# bench/gpu_session.sh holds the part it ran.
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs and cc, fz, gb, gk, st, tr, zu) were removed
+# once their results were written up: each results README (bench/results/*/README.md) names the
+# commit whose bench/gpu_session.sh holds the part it ran.
 #
-#   PART=kq bash bench/gpu_session.sh   K steps in pairs (fp8_gemv, moe_experts K_PAIRS 2):
-#       gpu_check fp8gemv,moe; fp8_gemv's swapped tiles at 2 / 4 warps, stages 2 / 3
-#       (bench/wide_swap.py); the MoE alone, pairs against K_PAIRS 1; whole decode + verify
-#       steps with neither, the GEMV's only and both (~9 min).
-#   PART=ks bash bench/gpu_session.sh   an FP8 GEMV with each K step split across the program's
-#       warps (bench/ksplit_probe.py) against fp8_gemv at 1-8 rows (~4 min).
-#   PART=rs bash bench/gpu_session.sh   where greedy graph runs of 8 streams lose their time
-#       (bench/runtime_stalls.py: per-step times, compilations, captures, gc; ~3 min).
-#                                                               carry: engines/carry-b.tar.xz
+#   PART=rt bash bench/gpu_session.sh   the trained default's gpu_runtime (every speculative mode
+#       == off, greedy and T = 0.8, 1 and 8 streams; graph = eager = unpadded bits) on 4
+#       prompts of 32 tokens, warm timings (~4 min).              carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -177,32 +171,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  kq)
-    OLD_GEMV="--set fp8_gemv.K_PAIRS=1 --set fp8_gemv.SWAP_TILES=((8,8,1,5),(32,16,1,3),(64,32,1,3),(144,16,1,3))"
-    OLD_MOE="--set moe_experts.K_PAIRS=1 --set moe_experts.TUNE_SWAP={'num_warps':4,'num_stages':4} --set moe_experts.TUNE_SWAP_WIDE={'num_warps':4,'num_stages':3}"
-    step check 130 python3 bench/gpu_check.py --only fp8gemv,moe
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step tiles 90 python3 bench/wide_swap.py --kernels fp8 --ms 16,64,144 --swap-rows 144 \
-      --warps 2,4 --stages 2,3
-    step moe_new 45 python3 bench/plugins.py --only moe --quick
-    step moe_old 45 python3 bench/plugins.py --only moe --quick $OLD_MOE
-    unset KOLIBRI_PDL
-    FS="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 55"
-    step fs_old 75 $FS --out "$OUT/fs_old" $OLD_GEMV $OLD_MOE
-    step fs_gemv 75 $FS --out "$OUT/fs_gemv" $OLD_MOE
-    step fs_both 75 $FS --out "$OUT/fs_both"
-    pack kq
-    ;;
-  ks)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step ksplit 400 python3 bench/ksplit_probe.py --out "$OUT"
-    pack ks
-    ;;
-  rs)
+  rt)
     unpack carry-b
-    step stalls 400 python3 bench/runtime_stalls.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file engines/prompts/spec_bench_question.jsonl
-    pack rs
+    step runtime 200 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --limit 4 --max-tokens 32
+    pack rt
     ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

@@ -14,6 +14,12 @@ warp per K step against 16 in one warp), the Q fp32 partials summed at the end. 
 differs from fp8_gemv's (other bits): a kernel adopting it would change every row count's form
 together. This probe only times the form (per-tensor scale, decode as fp8_gemv's DECODE 3) and
 checks it against fp8_gemv within PROBE_RTOL. JSON: DIR/ksplit_probe.json.
+
+Measured (bench/results/h200-2026-12-02c/ks/): QKV at 1 / 8 rows 7.04 / 6.93 -> 5.24 / 5.21 µs,
+o_proj 6.53 / 6.68 -> 4.97 / 4.95 (Q 2, BN 16, BK 512, stages 4). Taken into fp8_gemv and the
+MoE as K_PAIRS (kp/, kq/) and taken out again: Triton lays a 3-D dot's warps along its batch
+dimension only (AOT sm_90), so with more warps than batches every warp repeats the decode and
+the MMA (the MoE's 4-warp tiles, fp8_gemv's 16-row form: 2-4x the instructions per warp).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from typing import NamedTuple
 import torch
 
 from ._common import check_tensor, jit, tl
-from ._k_pairs import pair_operands
 
 
 @jit
@@ -121,14 +120,12 @@ def _store_out(y_ptr, r_ptr, out, m, c0, M, N, sr_m, C: tl.constexpr, ACT: tl.co
 
 @jit
 def dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: tl.constexpr,
-                DOT_F32: tl.constexpr, PAIRS: tl.constexpr = 1):
+                DOT_F32: tl.constexpr):
     """acc [BLOCK_N, ROWS] += W_tile · x^T: the decoded weights wb [BLOCK_N, BLOCK_K] as the MMA's
-    A operand, the rows m [ROWS] of x (columns kx) as its N; wb [BLOCK_N, PAIRS·BLOCK_K] and
-    acc [PAIRS, BLOCK_N, ROWS], one batch per block of the K step (`pair_operands`)."""
+    A operand, the rows m [ROWS] of x (columns kx) as its N."""
     xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
     xt = tl.load(x_ptr + xr[None, :] * sx_m + kx[:, None], mask=kmask[:, None] & (m < M)[None, :],
                  other=0.0)
-    wb, xt = pair_operands(wb, xt, PAIRS)
     if DOT_F32:
         return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
     return tl.dot(wb, xt, acc)

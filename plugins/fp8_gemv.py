@@ -38,7 +38,6 @@ from ._rows import linear_rows
 from ._gemv_reduce import launch_reduce
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
-from ._k_pairs import pair_operands
 from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
                            dot_swapped, tile_rstds, x_rows)
 from .add_rms_norm import add_rms_norm_ref
@@ -52,12 +51,7 @@ MAX_TILES = 1
 # h200-2026-12-01b/np/tiles.log). Block scales and fused forms: not timed so.
 WIDE_TILES = (32, 4)    # (N tile, row tiles per program)
 SUB_K = 64          # block-scale width
-BLOCK_K = 256       # K per block (one MMA chain per block; K_PAIRS blocks per loop step)
-# Blocks per K step, each with its own accumulator (batches of one 3-D dot: `pair_operands`),
-# summed after the loop: every form sums a row's K in this order. Two let the swapped tiles
-# give each block to its own warp: one row of QKV 7.04 -> 5.24 µs, o_proj 6.53 -> 4.97
-# (bench/ksplit_probe.py, h200-2026-12-02c/ks/; 1 restores the bits before 2026-12-02c).
-K_PAIRS = 2
+BLOCK_K = 256       # K per step (one load, one dot)
 BLOCK_N_MAX = 64
 TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps it)
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
@@ -66,10 +60,8 @@ DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit plac
 # H200 µs against the 16-row form (plugins/NOTES.md "Weights as the MMA's A operand", "fp8_gemv's
 # swapped form to 144 rows"): QKV at 1 / 64 / 144 rows 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2.
 SWAP_ROWS = 144
-# (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M. With
-# K_PAIRS 2 each block of a pair has its own warps; 32-row tiles at 2 warps and stages 3 held
-# 80 KiB of shared memory and lost at 64 rows (QKV 12.1 -> 15.0 µs, h200-2026-12-02c/kp/)
-SWAP_TILES = ((8, 8, 2, 4), (32, 16, 2, 3), (64, 32, 4, 2), (144, 16, 2, 3))
+# (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
+SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
 # Row counts at which plain per-tensor GEMVs keep WIDE_TILES though M <= SWAP_ROWS: full groups
 # of 64 rows (QKV / o_proj at 128 rows 18.9 / 17.3 µs against 21.4 / 19.7 swapped, oj/)
 WIDE_ROWS = (128,)
@@ -88,14 +80,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                      DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
                      NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
                      X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1,
-                     SWAP: tl.constexpr = False, PAIRS: tl.constexpr = 1,
-                     PDL: tl.constexpr = 0):
+                     SWAP: tl.constexpr = False, PDL: tl.constexpr = 0):
     """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
     X_ROWS: x row ids[m] feeds output row m (`x_rows`). SWAP (MT 1, NORM 0): the tile as
-    W·x^T (`dot_swapped`, SWAP_ROWS). PAIRS 2: each K step is two blocks of BLOCK_K, one
-    accumulator each (`pair_operands`), summed after the loop (K_PAIRS)."""
+    W·x^T (`dot_swapped`, SWAP_ROWS)."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
@@ -103,11 +93,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     nmask = n < N
     n64 = n.to(tl.int64)
     rows = tl.arange(0, ROWS)
-    STEP: tl.constexpr = BLOCK_K * PAIRS
-    acc0 = tl.zeros([PAIRS, BLOCK_N, ROWS] if SWAP else [PAIRS, ROWS, BLOCK_N], tl.float32)
-    acc1 = tl.zeros([PAIRS, ROWS, BLOCK_N], tl.float32)
-    acc2 = tl.zeros([PAIRS, ROWS, BLOCK_N], tl.float32)
-    acc3 = tl.zeros([PAIRS, ROWS, BLOCK_N], tl.float32)
+    acc0 = tl.zeros([BLOCK_N, ROWS] if SWAP else [ROWS, BLOCK_N], tl.float32)
+    acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
     if SPLIT == 1:
         k_lo = 0
         k_hi = K
@@ -116,22 +105,22 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     # per row and segment rsqrt(mean(x²) + eps), whatever this program's K range
     rs0, rs1, rs2, rs3 = tile_rstds(x_ptr, ids_ptr, s_ids, m0, M, K, sx_m, eps, ROWS, MT,
                                     BLOCK_K, NORM, NORM_P, X_ROWS)
-    for k0 in range(k_lo, k_hi, STEP):
-        kx = k0 + tl.arange(0, STEP)
-        kmask = kx < k_hi   # a pair's second block may pass the end of a split's K range
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        kmask = kx < K
         w = tl.load(w_ptr + n64[:, None] * K + kx[None, :], mask=nmask[:, None] & kmask[None, :],
                     other=0.0)
         if MODE == 2:  # block 1x64 scales applied in registers (weight·scale rounded to bf16)
-            kb = k0 // SUB_K + tl.arange(0, STEP // SUB_K)
+            kb = k0 // SUB_K + tl.arange(0, BLOCK_K // SUB_K)
             bs = tl.load(s_ptr + n64[:, None] * (K // SUB_K) + kb[None, :],
-                         mask=nmask[:, None] & (kb < k_hi // SUB_K)[None, :], other=0.0)
-            wf = tl.reshape(w.to(tl.float32), (BLOCK_N, STEP // SUB_K, SUB_K)) * bs[:, :, None]
-            wb = tl.reshape(wf, (BLOCK_N, STEP)).to(tl.bfloat16)
+                         mask=nmask[:, None] & (kb < K // SUB_K)[None, :], other=0.0)
+            wf = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // SUB_K, SUB_K)) * bs[:, :, None]
+            wb = tl.reshape(wf, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
         else:
             wb = e4m3_to_bf16(w, DECODE)
         if SWAP:
             acc0 = dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m0 + rows, M, s_ids, sx_m, acc0,
-                                X_ROWS, DOT_F32, PAIRS)
+                                X_ROWS, DOT_F32)
         else:
             w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
             for t in tl.static_range(MT):
@@ -146,10 +135,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                     xt = ((xt.to(tl.float32) * rk) * gk[None, :]).to(tl.bfloat16)
                 if DOT_F32:
                     xt = xt.to(tl.float32)
-                xt, w_p = pair_operands(xt, w_t, PAIRS)
-                acc0, acc1, acc2, acc3 = dot_into(t, xt, w_p, acc0, acc1, acc2, acc3)
+                acc0, acc1, acc2, acc3 = dot_into(t, xt, w_t, acc0, acc1, acc2, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    acc0, acc1, acc2, acc3 = tl.sum(acc0, 0), tl.sum(acc1, 0), tl.sum(acc2, 0), tl.sum(acc3, 0)
     if SWAP:
         acc0 = tl.trans(acc0)
     if SPLIT == 1:
@@ -307,7 +294,7 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
            0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps), MODE=mode, BLOCK_N=bn,
            BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
            DECODE=1 if interpret else DECODE, SWAP=swap, NORM_P=next_pow2(nseg),
-           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split, PAIRS=K_PAIRS,
+           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split,
            ACT=ACTS.index(f.act) if split == 1 else 0,
            RES=f.residual is not None and split == 1, pdl_early=early_launch("gemv", M),
            **extra, **tune)

@@ -30,7 +30,6 @@ from ._common import cdiv, jit, launch, next_pow2, tl
 from ._common import early_launch, pdl_enter, pdl_release
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
-from ._k_pairs import pair_operands
 from .moe_split_combine import launch_split_combine
 from ._moe_rows import _expert_count, _rows, _scan_rows
 
@@ -80,12 +79,8 @@ DECODE = 3   # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (
 # M=1 30.4 -> 25.2, M=4 56.8 -> 50.4, M=16 147.2 -> 137.9, M=64 406.6 -> 384.6.
 SWAP_TOKENS = 1 << 30    # every chunk
 ROWS_SWAP = 8
-# K steps in pairs of blocks, one accumulator each, summed after the loop (`_k_pairs`; 1
-# restores the bits before 2026-12-02c): with 8 warps a chunk of 1-8 tokens gives each block
-# of the pair its own four warps instead of repeating the MMA in every warp
-K_PAIRS = 2
-TUNE_SWAP = dict(num_warps=8, num_stages=4)        # launch config, chunks of 1-2 tokens
-TUNE_SWAP_WIDE = dict(num_warps=8, num_stages=3)   # chunks of 3-8 tokens
+TUNE_SWAP = dict(num_warps=4, num_stages=4)        # launch config, chunks of 1-2 tokens
+TUNE_SWAP_WIDE = dict(num_warps=4, num_stages=3)   # chunks of 3-8 tokens
 TUNE_SWAP_MANY = dict(num_warps=4, num_stages=4)   # chunks of 9-32 tokens
 # chunks of 33 to SWAP_TOKENS tokens: with TILE_LOOP at M=64 stages 4 / 5 / 6 338.4 / 333.0 /
 # 332.5 µs, at M=16 136.3 / 137.8 / 143.4 (bench/results/h200-2026-12-01d/nx/pipeline.log)
@@ -103,7 +98,7 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
                SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr,
-               SWAP: tl.constexpr, ALIGNED: tl.constexpr, PAIRS: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr):
     """Row tile t (a compile-time constant) of one expert on this program's n-tile. Tile 0
     always has rows; a later tile first counts the expert's tokens and scans for its rows only
     when it has some (an expert rarely has more than 16 tokens: at 64 tokens most programs
@@ -113,15 +108,14 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
                                          ONE, ALIGNED)
         _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
                    M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED, BLOCK_N,
-                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED, PAIRS)
+                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED)
     else:
         if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED) > t * ROWS:
             tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
                                              ROWS, ONE, ALIGNED)
             _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                        t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
-                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED,
-                       PAIRS)
+                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED)
 
 
 @jit
@@ -130,7 +124,7 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                ROWS: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
                DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-               SWAP: tl.constexpr, ALIGNED: tl.constexpr, PAIRS: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr):
     """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
     The K loop holds no branch, so Triton pipelines its loads (cp.async; a branch inside kept
     it from doing so: plugins/NOTES_HISTORY.md, 2026-11-30g). A second row tile re-reads the
@@ -143,10 +137,10 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
         k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
     if SWAP:
         g, up = _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED, BLOCK_N,
-                              BLOCK_K, ROWS, DOT_F32, DECODE, PAIRS)
+                              BLOCK_K, ROWS, DOT_F32, DECODE)
     else:
         g, up = _plain_pass(a_ptr, wb, arow, valid, n, nmask, n_out, k_in, k_lo, k_hi, GATED,
-                            BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE, PAIRS)
+                            BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE)
     if M_P > ROWS:  # several row tiles: the rows again (kept live across the loop they cost
         #             registers: AOT sm_90 at 64 tokens 224 -> 249); one tile: kept (126 -> 96)
         tok, tslot, valid, count = _scan_rows(ids_ptr, e, M, t, is_shared, TOPK, M_P, K_P,
@@ -158,48 +152,43 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
 @jit
 def _plain_pass(a_ptr, wb, arow, valid, n, nmask, n_out, k_in, k_lo, k_hi, GATED: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                DOT_F32: tl.constexpr, DECODE: tl.constexpr, PAIRS: tl.constexpr):
-    """g, up [ROWS, BLOCK_N] fp32 = x·W^T over K range [k_lo, k_hi): tokens as the MMA's M;
-    K in steps of PAIRS blocks (`_k_pairs`)."""
-    STEP: tl.constexpr = BLOCK_K * PAIRS
-    g = tl.zeros([PAIRS, ROWS, BLOCK_N], tl.float32)
-    up = tl.zeros([PAIRS, ROWS, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, STEP):
-        kx = k0 + tl.arange(0, STEP)
-        wm = nmask[:, None] & (kx < k_hi)[None, :]
+                DOT_F32: tl.constexpr, DECODE: tl.constexpr):
+    """g, up [ROWS, BLOCK_N] fp32 = x·W^T over K range [k_lo, k_hi): tokens as the MMA's M."""
+    g = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    up = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        wm = nmask[:, None] & (kx < k_in)[None, :]
         wg = tl.load(wb + n[:, None].to(tl.int64) * k_in + kx[None, :], mask=wm, other=0.0)
         wg = tl.trans(wg.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wg, DECODE))
         xt = tl.load(a_ptr + arow[:, None] + kx[None, :],
-                     mask=valid[:, None] & (kx < k_hi)[None, :], other=0.0)
+                     mask=valid[:, None] & (kx < k_in)[None, :], other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
-        x3, wg = pair_operands(xt, wg, PAIRS)
-        g = tl.dot(x3, wg, g)
+        g = tl.dot(xt, wg, g)
         if GATED:
             wu = tl.load(wb + (n + n_out)[:, None].to(tl.int64) * k_in + kx[None, :],
                          mask=wm, other=0.0)
             wu = tl.trans(wu.to(tl.float32) if DOT_F32 else e4m3_to_bf16(wu, DECODE))
-            x3, wu = pair_operands(xt, wu, PAIRS)
-            up = tl.dot(x3, wu, up)
-    return tl.sum(g, 0), tl.sum(up, 0)
+            up = tl.dot(xt, wu, up)
+    return g, up
 
 
 @jit
 def _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                  DOT_F32: tl.constexpr, DECODE: tl.constexpr, PAIRS: tl.constexpr):
+                  DOT_F32: tl.constexpr, DECODE: tl.constexpr):
     """g, up [ROWS, BLOCK_N] fp32 as `_plain_pass`, computed as W·x^T: the weight tile (gate
     rows over up rows when GATED) is the MMA's A operand, the ROWS tokens its N."""
-    STEP: tl.constexpr = BLOCK_K * PAIRS
     WR: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
     rr = tl.arange(0, WR)
     col = tl.program_id(0) * BLOCK_N + rr % BLOCK_N
     wrow = (col + (rr >= BLOCK_N).to(tl.int32) * n_out).to(tl.int64)   # up rows follow gate's
     wmask_n = col < n_out
-    acc = tl.zeros([PAIRS, WR, ROWS], tl.float32)
-    for k0 in range(k_lo, k_hi, STEP):
-        kx = k0 + tl.arange(0, STEP)
-        kin = kx < k_hi   # a pair's second block may pass the end of a split's K range
+    acc = tl.zeros([WR, ROWS], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        kin = kx < k_in
         w = tl.load(wb + wrow[:, None] * k_in + kx[None, :], mask=wmask_n[:, None] & kin[None, :],
                     other=0.0)
         w = w.to(tl.float32) if DOT_F32 else e4m3_to_bf16(w, DECODE)
@@ -207,9 +196,7 @@ def _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: tl.con
                      other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
-        w, xt = pair_operands(w, xt, PAIRS)
         acc = tl.dot(w, xt, acc)
-    acc = tl.sum(acc, 0)
     if GATED:
         g, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, ROWS]), [1, 2, 0]))
     else:
@@ -244,8 +231,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr, ALIGNED: tl.constexpr,
-          PAIRS: tl.constexpr):
+          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr, ALIGNED: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per row tile. LOOP
     (TILE_LOOP): the row tiles after the first as a runtime loop over the expert's tiles (one
@@ -265,7 +251,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
         if LOOP and MT > 2:
             _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, 0,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED, PAIRS)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED)
             tiles = tl.cdiv(_expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED),
                             ROWS)
             for t in range(1, tiles):
@@ -274,13 +260,12 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
                 _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                            t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
                            BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP,
-                           ALIGNED, PAIRS)
+                           ALIGNED)
         else:
             for t in tl.static_range(MT):
                 _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out,
                            k_in, t, M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N,
-                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED,
-                           PAIRS)
+                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED)
 
 
 @jit
@@ -294,8 +279,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        SHARED: tl.constexpr = True, SWAP: tl.constexpr = False,
                        LOOP: tl.constexpr = False, SH: tl.constexpr = 1,
                        SH_TOKENS: tl.constexpr = 64, BY_EXPERT: tl.constexpr = False,
-                       ALIGNED: tl.constexpr = False, PAIRS: tl.constexpr = 1,
-                       PDL: tl.constexpr = 0):
+                       ALIGNED: tl.constexpr = False, PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: units 0..SH-1 are the shared expert, unit j
     for tokens [j·SH_TOKENS, (j+1)·SH_TOKENS) (SH > 1 past SH_TOKENS tokens),
     and unit u >= SH the routed unit r = u - SH (else r = u): the shared expert's programs,
@@ -332,7 +316,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED, PAIRS)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED)
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
@@ -396,8 +380,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
                 SWAP=swap, LOOP=TILE_LOOP, SH=max(sh, 1), SH_TOKENS=SHARED_TOKENS,
-                BY_EXPERT=by_expert, ALIGNED=expert_rows is not None, PAIRS=K_PAIRS,
-                interpret=interpret,
+                BY_EXPERT=by_expert, ALIGNED=expert_rows is not None, interpret=interpret,
                 **_tune(M, swap))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     lookup = ids if expert_rows is None else expert_rows
