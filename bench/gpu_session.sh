@@ -3,13 +3,10 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs and cc, fz, gb, gk, st, tr, zu) were removed
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt and cc, fz, gb, gk, st, tr, zu) were removed
 # once their results were written up: each results README (bench/results/*/README.md) names the
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
-#   PART=rt bash bench/gpu_session.sh   the trained default's gpu_runtime (every speculative mode
-#       == off, greedy and T = 0.8, 1 and 8 streams; graph = eager = unpadded bits) on 4
-#       prompts of 32 tokens, warm timings (~4 min).              carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -171,12 +168,6 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  rt)
-    unpack carry-b
-    step runtime 200 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file engines/prompts/spec_bench_question.jsonl --limit 4 --max-tokens 32
-    pack rt
-    ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step tiles 150 python3 bench/moe_chunks.py --variants tiles
