@@ -7,6 +7,10 @@
 # once their results were written up: each results README (bench/results/*/README.md) names the
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
+#   PART=kb bash bench/gpu_session.sh   the MoE's swapped pass with 8 K blocks on 8 warps
+#       (moe_experts.K_BLOCKS 8, BLOCK_K 32; plugins/_moe_kblocks.py) against the 2-D pass:
+#       gpu_check moe under it, bench/plugins.py --only moe both ways, whole decode + verify
+#       steps both ways in one call (~8 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -168,6 +172,18 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  kb)
+    KB="--set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=32"
+    step check 150 python3 bench/gpu_check.py --only moe $KB
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step moe_2d 45 python3 bench/plugins.py --only moe --quick
+    step moe_kb 45 python3 bench/plugins.py --only moe --quick $KB
+    unset KOLIBRI_PDL
+    FS="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
+    step fs_2d 110 $FS --out "$OUT/fs_2d"
+    step fs_kb 110 $FS --out "$OUT/fs_kb" $KB
+    pack kb
+    ;;
   og)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step tiles 150 python3 bench/moe_chunks.py --variants tiles

@@ -32,6 +32,7 @@ from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
 from ._moe_rows import _expert_count, _rows, _scan_rows
+from ._moe_kblocks import check_k_blocks, swapped_pass_blocks
 
 ROWS = 16
 # Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
@@ -90,6 +91,8 @@ TUNE_SWAP_MOST = dict(num_warps=4, num_stages=5)
 # (bench/results/h200-2026-12-01d/nw/pipeline.log), µs: M=64 382.0 -> 340.6, M=1/4/16 alike.
 TILE_LOOP = True
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
+# K blocks per swapped-pass step, a warp each (plugins/_moe_kblocks.py); 1: the 2-D pass.
+K_BLOCKS = 1   # others: other bits, untimed (plugins/NOTES.md next step 1)
 
 
 @jit
@@ -98,7 +101,7 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
                SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr,
-               SWAP: tl.constexpr, ALIGNED: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr, KB: tl.constexpr):
     """Row tile t (a compile-time constant) of one expert on this program's n-tile. Tile 0
     always has rows; a later tile first counts the expert's tokens and scans for its rows only
     when it has some (an expert rarely has more than 16 tokens: at 64 tokens most programs
@@ -108,14 +111,15 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
                                          ONE, ALIGNED)
         _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
                    M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED, BLOCK_N,
-                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED)
+                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED, KB)
     else:
         if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED) > t * ROWS:
             tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
                                              ROWS, ONE, ALIGNED)
             _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                        t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
-                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED)
+                       BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED,
+                       KB)
 
 
 @jit
@@ -124,7 +128,7 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                ROWS: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
                DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-               SWAP: tl.constexpr, ALIGNED: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr, KB: tl.constexpr):
     """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
     The K loop holds no branch, so Triton pipelines its loads (cp.async; a branch inside kept
     it from doing so: plugins/NOTES_HISTORY.md, 2026-11-30g). A second row tile re-reads the
@@ -135,7 +139,10 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
         k_hi = k_in
     else:
         k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
-    if SWAP:
+    if SWAP and KB > 1:
+        g, up = swapped_pass_blocks(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED,
+                                    BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE, KB)
+    elif SWAP:
         g, up = _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED, BLOCK_N,
                               BLOCK_K, ROWS, DOT_F32, DECODE)
     else:
@@ -231,7 +238,8 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr, ALIGNED: tl.constexpr):
+          ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr, ALIGNED: tl.constexpr,
+          KB: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per row tile. LOOP
     (TILE_LOOP): the row tiles after the first as a runtime loop over the expert's tiles (one
@@ -251,7 +259,7 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
         if LOOP and MT > 2:
             _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, 0,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED, KB)
             tiles = tl.cdiv(_expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED),
                             ROWS)
             for t in range(1, tiles):
@@ -260,12 +268,13 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
                 _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
                            t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
                            BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP,
-                           ALIGNED)
+                           ALIGNED, KB)
         else:
             for t in tl.static_range(MT):
                 _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out,
                            k_in, t, M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N,
-                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED)
+                           BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED,
+                           KB)
 
 
 @jit
@@ -279,7 +288,8 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        SHARED: tl.constexpr = True, SWAP: tl.constexpr = False,
                        LOOP: tl.constexpr = False, SH: tl.constexpr = 1,
                        SH_TOKENS: tl.constexpr = 64, BY_EXPERT: tl.constexpr = False,
-                       ALIGNED: tl.constexpr = False, PDL: tl.constexpr = 0):
+                       ALIGNED: tl.constexpr = False, KB: tl.constexpr = 1,
+                       PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: units 0..SH-1 are the shared expert, unit j
     for tokens [j·SH_TOKENS, (j+1)·SH_TOKENS) (SH > 1 past SH_TOKENS tokens),
     and unit u >= SH the routed unit r = u - SH (else r = u): the shared expert's programs,
@@ -316,7 +326,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
     if first | is_shared:
         _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED, KB)
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
@@ -340,8 +350,10 @@ def _tune(tokens: int, swap: bool) -> dict:
     if not swap:
         return TUNE
     if tokens <= 8:
-        return TUNE_SWAP if tokens <= 2 else TUNE_SWAP_WIDE
-    return TUNE_SWAP_MANY if tokens <= 32 else TUNE_SWAP_MOST
+        tune = TUNE_SWAP if tokens <= 2 else TUNE_SWAP_WIDE
+    else:
+        tune = TUNE_SWAP_MANY if tokens <= 32 else TUNE_SWAP_MOST
+    return tune if K_BLOCKS == 1 else dict(tune, num_warps=K_BLOCKS)   # a warp per K block
 
 
 def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bool, sa_s: int,
@@ -374,14 +386,15 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     check_decode("moe_experts", DECODE)
     swap = M <= SWAP_TOKENS
+    check_k_blocks(K_BLOCKS, SWAP_TOKENS, MAX_TOKENS)
     rows = ROWS_SWAP if swap else ROWS
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
                 SWAP=swap, LOOP=TILE_LOOP, SH=max(sh, 1), SH_TOKENS=SHARED_TOKENS,
-                BY_EXPERT=by_expert, ALIGNED=expert_rows is not None, interpret=interpret,
-                **_tune(M, swap))
+                BY_EXPERT=by_expert, ALIGNED=expert_rows is not None, KB=K_BLOCKS,
+                interpret=interpret, **_tune(M, swap))
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     lookup = ids if expert_rows is None else expert_rows
     if split == 1:
