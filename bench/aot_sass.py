@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import inspect
 import pathlib
 import re
 import subprocess
@@ -92,6 +93,9 @@ def compile_sm90(module: str, kernel: str, args: dict, divisible, num_warps: int
     unknown = set(args) - set(names)
     if unknown:
         raise ValueError(f"{kernel}: no arguments named {sorted(unknown)}")
+    # parameters left out take their defaults (e.g. fp8_gemv's KB = 1, PDL = 0)
+    args = {**{p.name: p.default for p in fn.params
+               if p.name not in args and p.default is not inspect.Parameter.empty}, **args}
     sig = {n: ("constexpr" if not isinstance(args[n], str) else args[n])
            for n in names if n in args}
     consts = {n: v for n, v in args.items() if not isinstance(v, str)}

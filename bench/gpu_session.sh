@@ -11,6 +11,10 @@
 #       (moe_experts.K_BLOCKS 8, BLOCK_K 32; plugins/_moe_kblocks.py) against the 2-D pass:
 #       gpu_check moe under it, bench/plugins.py --only moe both ways, whole decode + verify
 #       steps both ways in one call (~8 min).
+#   PART=kg bash bench/gpu_session.sh   fp8_gemv with each K step as 4 blocks on 4 warps
+#       (fp8_gemv.K_BLOCKS 4; plugins/_k_blocks.py) against one accumulator: gpu_check of the
+#       GEMVs under it, bench/plugins.py --only gemv,fused both ways, whole decode + verify
+#       steps both ways in one call (~8 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -172,6 +176,18 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
+  kg)
+    KG="--set fp8_gemv.K_BLOCKS=4"
+    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,normfused $KG
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step gemv_1 45 python3 bench/plugins.py --only gemv,fused --quick
+    step gemv_4 45 python3 bench/plugins.py --only gemv,fused --quick $KG
+    unset KOLIBRI_PDL
+    FS="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
+    step fs_1 110 $FS --out "$OUT/fs_1"
+    step fs_4 110 $FS --out "$OUT/fs_4" $KG
+    pack kg
+    ;;
   kb)
     KB="--set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=32"
     step check 150 python3 bench/gpu_check.py --only moe $KB

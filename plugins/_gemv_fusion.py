@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from ._common import check_tensor, jit, tl
+from ._k_blocks import k_blocks
 
 
 @jit
@@ -120,12 +121,15 @@ def _store_out(y_ptr, r_ptr, out, m, c0, M, N, sr_m, C: tl.constexpr, ACT: tl.co
 
 @jit
 def dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m, M, s_ids, sx_m, acc, X_ROWS: tl.constexpr,
-                DOT_F32: tl.constexpr):
+                DOT_F32: tl.constexpr, KB: tl.constexpr = 1):
     """acc [BLOCK_N, ROWS] += W_tile · x^T: the decoded weights wb [BLOCK_N, BLOCK_K] as the MMA's
-    A operand, the rows m [ROWS] of x (columns kx) as its N."""
+    A operand, the rows m [ROWS] of x (columns kx) as its N. KB > 1: acc [KB, BLOCK_N, ROWS],
+    one batch per block of the step (`_k_blocks`)."""
     xr = x_rows(ids_ptr, m, M, s_ids, X_ROWS)
     xt = tl.load(x_ptr + xr[None, :] * sx_m + kx[:, None], mask=kmask[:, None] & (m < M)[None, :],
                  other=0.0)
+    if KB > 1:
+        wb, xt = k_blocks(wb, xt, KB)
     if DOT_F32:
         return tl.dot(wb.to(tl.float32), xt.to(tl.float32), acc)
     return tl.dot(wb, xt, acc)

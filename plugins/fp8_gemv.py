@@ -38,6 +38,7 @@ from ._rows import linear_rows
 from ._gemv_reduce import launch_reduce
 from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
+from ._k_blocks import check_k_blocks, k_blocks
 from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
                            dot_swapped, tile_rstds, x_rows)
 from .add_rms_norm import add_rms_norm_ref
@@ -69,6 +70,10 @@ SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces 
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
 SPLIT_K_BY_SHAPE = {(2560, 2560): 3}
+# Blocks per K step on as many warps (`_k_blocks`; every form's launch takes num_warps =
+# K_BLOCKS then). 1: one accumulator. Others: other bits; untimed in the kernel (probe:
+# ks/, 4 blocks of 64 on 4 warps 7.04 -> 5.62 µs at one row of QKV; plugins/NOTES.md).
+K_BLOCKS = 1
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 
@@ -80,12 +85,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                      DOT_F32: tl.constexpr, SPLIT: tl.constexpr = 1, NORM: tl.constexpr = 0,
                      NORM_P: tl.constexpr = 1, ACT: tl.constexpr = 0, RES: tl.constexpr = False,
                      X_ROWS: tl.constexpr = False, DECODE: tl.constexpr = 1,
-                     SWAP: tl.constexpr = False, PDL: tl.constexpr = 0):
+                     SWAP: tl.constexpr = False, KB: tl.constexpr = 1,
+                     PDL: tl.constexpr = 0):
     """SPLIT > 1: y_ptr is the fp32 partial buffer [SPLIT, M, N]; program_id(2) the K range.
     NORM > 0: x is NORM segments of K / NORM columns, each RMS-normalised over itself, g_ptr
     the bf16 gain [K] (NORM_P: next power of two); ACT / RES: the epilogue (`_store_out`);
     X_ROWS: x row ids[m] feeds output row m (`x_rows`). SWAP (MT 1, NORM 0): the tile as
-    W·x^T (`dot_swapped`, SWAP_ROWS)."""
+    W·x^T (`dot_swapped`, SWAP_ROWS). KB > 1: each K step as KB blocks on KB warps, one
+    accumulator [KB, ...] batch each, summed after the loop (`_k_blocks`, K_BLOCKS)."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1) * ROWS * MT
@@ -93,10 +100,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
     nmask = n < N
     n64 = n.to(tl.int64)
     rows = tl.arange(0, ROWS)
-    acc0 = tl.zeros([BLOCK_N, ROWS] if SWAP else [ROWS, BLOCK_N], tl.float32)
-    acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    acc3 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    if KB == 1:
+        acc0 = tl.zeros([BLOCK_N, ROWS] if SWAP else [ROWS, BLOCK_N], tl.float32)
+        acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    else:
+        acc0 = tl.zeros([KB, BLOCK_N, ROWS] if SWAP else [KB, ROWS, BLOCK_N], tl.float32)
+        acc1 = tl.zeros([KB, ROWS, BLOCK_N], tl.float32)
+    acc2 = acc1
+    acc3 = acc1
     if SPLIT == 1:
         k_lo = 0
         k_hi = K
@@ -120,7 +131,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
             wb = e4m3_to_bf16(w, DECODE)
         if SWAP:
             acc0 = dot_swapped(x_ptr, ids_ptr, wb, kx, kmask, m0 + rows, M, s_ids, sx_m, acc0,
-                                X_ROWS, DOT_F32)
+                                X_ROWS, DOT_F32, KB)
         else:
             w_t = tl.trans(wb.to(tl.float32) if DOT_F32 else wb)
             for t in tl.static_range(MT):
@@ -135,8 +146,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, ids_ptr, M, N, K,
                     xt = ((xt.to(tl.float32) * rk) * gk[None, :]).to(tl.bfloat16)
                 if DOT_F32:
                     xt = xt.to(tl.float32)
-                acc0, acc1, acc2, acc3 = dot_into(t, xt, w_t, acc0, acc1, acc2, acc3)
+                if KB > 1:
+                    xt, w_b = k_blocks(xt, w_t, KB)
+                    acc0, acc1, acc2, acc3 = dot_into(t, xt, w_b, acc0, acc1, acc2, acc3)
+                else:
+                    acc0, acc1, acc2, acc3 = dot_into(t, xt, w_t, acc0, acc1, acc2, acc3)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
+    if KB > 1:
+        acc0, acc1, acc2, acc3 = tl.sum(acc0, 0), tl.sum(acc1, 0), tl.sum(acc2, 0), tl.sum(acc3, 0)
     if SWAP:
         acc0 = tl.trans(acc0)
     if SPLIT == 1:
@@ -277,9 +294,12 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
     K, N = x.shape[1], weight.shape[0]
     M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
     check_decode("fp8_gemv", DECODE)
+    check_k_blocks("fp8_gemv", K_BLOCKS, BLOCK_K)
     mode = scale_mode(weight, weight_scale)
     swap = swapped(M, f, mode)
     rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
+    if K_BLOCKS > 1:
+        tune = dict(tune, num_warps=K_BLOCKS)   # a warp per block: none repeats another's work
     wide = not swap and _wide_form(f, mode)
     mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
     bn = WIDE_TILES[0] if wide else block_n_for(N)
@@ -294,7 +314,7 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
            0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps), MODE=mode, BLOCK_N=bn,
            BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
            DECODE=1 if interpret else DECODE, SWAP=swap, NORM_P=next_pow2(nseg),
-           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split,
+           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split, KB=K_BLOCKS,
            ACT=ACTS.index(f.act) if split == 1 else 0,
            RES=f.residual is not None and split == 1, pdl_early=early_launch("gemv", M),
            **extra, **tune)
