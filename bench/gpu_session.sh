@@ -8,7 +8,7 @@
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
 #   PART=kb bash bench/gpu_session.sh   the MoE's swapped pass with 8 K blocks on 8 warps
-#       (moe_experts.K_BLOCKS 8, BLOCK_K 32; plugins/_moe_kblocks.py) against the 2-D pass:
+#       (moe_experts.K_BLOCKS 8, BLOCK_K 256; plugins/_moe_kblocks.py) against the 2-D pass:
 #       gpu_check moe under it, bench/plugins.py --only moe both ways, whole decode + verify
 #       steps both ways in one call (~8 min).
 #   PART=kg bash bench/gpu_session.sh   fp8_gemv with each K step as 4 blocks on 4 warps
@@ -189,7 +189,7 @@ case "${PART:-}" in
     pack kg
     ;;
   kb)
-    KB="--set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=32"
+    KB="--set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=256"
     step check 150 python3 bench/gpu_check.py --only moe $KB
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step moe_2d 45 python3 bench/plugins.py --only moe --quick

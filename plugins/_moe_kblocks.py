@@ -1,29 +1,26 @@
-"""The MoE experts' swapped pass with K_BLOCKS > 1 (moe_experts.K_BLOCKS): each loop step takes
-KB blocks of BLOCK_K columns as the batches of one 3-D dot, one accumulator per block, and
-sums the KB accumulators after the loop. Triton lays a 3-D dot's warps along its batch
-dimension only, so with num_warps == KB each warp takes one block of every step over all the
-tile's rows, and no warp repeats another's decode or MMA (with fewer blocks than warps they
-do: bench/results/h200-2026-12-02c/README.md). AOT sm_90, a 64-row x 8-token tile, per warp
-and 1,024 K columns: 64 HMMA / 256 PRMT in the 2-D pass at 4 warps, 32 / 128 with 8 blocks
-at 8 warps. The sum order differs from the 2-D pass (other bits); every chunk size must take
-the same KB (batch invariance). Suggested first timing (AOT: 217 instructions per warp per
-256 columns against the 2-D pass's 221 per 128, 60 KiB of shared memory at stages 4):
-``--set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=32``.
+"""The MoE experts' swapped pass with K_BLOCKS > 1 (moe_experts.K_BLOCKS): each loop step of
+BLOCK_K columns as KB blocks, the batches of one 3-D dot on KB warps (`_k_blocks`), one
+accumulator per block, summed after the loop. AOT sm_90, a 64-row x 8-token tile (one token),
+per warp and 256 K columns: 442 instructions in the 2-D pass at 4 warps, 217 with 8 blocks of
+32 on 8 warps (60 KiB of shared memory at stages 4). Other bits than the 2-D pass: every chunk
+size must take the same KB (batch invariance), so every chunk must be swapped.
 """
 
 from __future__ import annotations
 
 from ._common import jit, tl
 from ._e4m3_decode import e4m3_to_bf16
+from ._k_blocks import check_k_blocks, k_blocks
 
 
-def check_k_blocks(k_blocks: int, swap_tokens: int, max_tokens: int) -> None:
-    """ValueError naming moe_experts.K_BLOCKS unless it is 1, or 2 / 4 / 8 / 16 with every chunk
-    swapped (swap_tokens >= max_tokens: the unswapped pass has no blocks, so other bits)."""
-    if k_blocks != 1 and (k_blocks not in (2, 4, 8, 16) or swap_tokens < max_tokens):
-        raise ValueError(f"moe_experts.K_BLOCKS: 1, or 2 / 4 / 8 / 16 with every chunk swapped "
-                         f"(SWAP_TOKENS >= MAX_TOKENS {max_tokens}), got {k_blocks} with "
-                         f"SWAP_TOKENS {swap_tokens}")
+def check_moe_k_blocks(k_blocks_: int, block_k: int, swap_tokens: int, max_tokens: int) -> None:
+    """ValueError naming moe_experts.K_BLOCKS unless `_k_blocks.check_k_blocks` accepts it and,
+    above 1, every chunk is swapped (swap_tokens >= max_tokens: the unswapped pass has no
+    blocks, so other bits)."""
+    check_k_blocks("moe_experts", k_blocks_, block_k)
+    if k_blocks_ > 1 and swap_tokens < max_tokens:
+        raise ValueError(f"moe_experts.K_BLOCKS {k_blocks_} needs every chunk swapped "
+                         f"(SWAP_TOKENS {swap_tokens} < MAX_TOKENS {max_tokens})")
 
 
 @jit
@@ -31,18 +28,16 @@ def swapped_pass_blocks(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: 
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                         DOT_F32: tl.constexpr, DECODE: tl.constexpr, KB: tl.constexpr):
     """g, up [ROWS, BLOCK_N] fp32 as moe_experts' `_swapped_pass` (W·x^T, gate rows over up
-    rows when GATED) over K range [k_lo, k_hi), in steps of KB blocks, block j of each step
-    into accumulator j; the accumulators summed after the loop (tl.sum over the blocks)."""
+    rows when GATED) over K range [k_lo, k_hi), block j of each step into accumulator j."""
     WR: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
-    STEP: tl.constexpr = BLOCK_K * KB
     rr = tl.arange(0, WR)
     col = tl.program_id(0) * BLOCK_N + rr % BLOCK_N
     wrow = (col + (rr >= BLOCK_N).to(tl.int32) * n_out).to(tl.int64)   # up rows follow gate's
     wmask_n = col < n_out
     acc = tl.zeros([KB, WR, ROWS], tl.float32)
-    for k0 in range(k_lo, k_hi, STEP):
-        kx = k0 + tl.arange(0, STEP)
-        kin = kx < k_hi   # the step's last blocks may pass the end of the range
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kx = k0 + tl.arange(0, BLOCK_K)
+        kin = kx < k_in
         w = tl.load(wb + wrow[:, None] * k_in + kx[None, :], mask=wmask_n[:, None] & kin[None, :],
                     other=0.0)
         w = w.to(tl.float32) if DOT_F32 else e4m3_to_bf16(w, DECODE)
@@ -50,8 +45,8 @@ def swapped_pass_blocks(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: 
                      other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
-        w3 = tl.permute(tl.reshape(w, (WR, KB, BLOCK_K)), (1, 0, 2))
-        acc = tl.dot(w3, tl.reshape(xt, (KB, BLOCK_K, ROWS)), acc)
+        w3, x3 = k_blocks(w, xt, KB)
+        acc = tl.dot(w3, x3, acc)
     acc = tl.sum(acc, 0)
     if GATED:
         g, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, ROWS]), [1, 2, 0]))

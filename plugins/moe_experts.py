@@ -32,7 +32,7 @@ from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
 from ._moe_rows import _expert_count, _rows, _scan_rows
-from ._moe_kblocks import check_k_blocks, swapped_pass_blocks
+from ._moe_kblocks import check_moe_k_blocks, swapped_pass_blocks
 
 ROWS = 16
 # Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
@@ -91,8 +91,8 @@ TUNE_SWAP_MOST = dict(num_warps=4, num_stages=5)
 # (bench/results/h200-2026-12-01d/nw/pipeline.log), µs: M=64 382.0 -> 340.6, M=1/4/16 alike.
 TILE_LOOP = True
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
-# K blocks per swapped-pass step, a warp each (plugins/_moe_kblocks.py); 1: the 2-D pass.
-K_BLOCKS = 1   # others: other bits, untimed (plugins/NOTES.md next step 1)
+# Blocks per K step of the swapped pass, a warp each (plugins/_moe_kblocks.py); 1: the 2-D
+K_BLOCKS = 1   # pass. Others: other bits, untimed (plugins/NOTES.md next step 1)
 
 
 @jit
@@ -386,7 +386,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     check_decode("moe_experts", DECODE)
     swap = M <= SWAP_TOKENS
-    check_k_blocks(K_BLOCKS, SWAP_TOKENS, MAX_TOKENS)
+    check_moe_k_blocks(K_BLOCKS, BLOCK_K, SWAP_TOKENS, MAX_TOKENS)
     rows = ROWS_SWAP if swap else ROWS
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),

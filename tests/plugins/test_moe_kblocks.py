@@ -15,11 +15,11 @@ INTERP_TOL = 2e-2  # bf16 intermediate activation can round differently, then a 
 E, H, I_, IS, K = 8, 64, 32, 48, 2
 
 
-@pytest.mark.parametrize("k_blocks,block_k", [(4, 16), (8, 16)])
+@pytest.mark.parametrize("k_blocks,block_k", [(4, 64), (8, 128)])
 @pytest.mark.parametrize("M", [1, 3, 33])
 def test_k_blocks_match_reference(interp, monkeypatch, M, k_blocks, block_k):
-    """4 blocks of 16 cover H = 64 in one step; 8 leave the step's last blocks past K (masked)
-    and the down projection's K = 32 in two of them."""
+    """4 blocks of 16 cover H = 64 in one step; 8 of 16 leave the step's last blocks past K
+    (masked), and the down projection's K = 32 in two of them."""
     monkeypatch.setattr(ME, "K_BLOCKS", k_blocks)
     monkeypatch.setattr(ME, "BLOCK_K", block_k)
     g = T.gen(80 + M)
@@ -33,7 +33,7 @@ def test_k_blocks_rows_do_not_depend_on_the_batch(interp_f64_dots, monkeypatch):
     """Every chunk takes the blocks: a token's output is the same from a chunk of 1, 3 or 40
     tokens (units by (token, slot) pair, by expert, row lists, several 8-token tiles)."""
     monkeypatch.setattr(ME, "K_BLOCKS", 4)
-    monkeypatch.setattr(ME, "BLOCK_K", 16)
+    monkeypatch.setattr(ME, "BLOCK_K", 64)
     g = T.gen(90)
     wts = T.moe_weights(E, H, I_, IS, g)
     x = T.randn((40, H), g)
@@ -43,10 +43,10 @@ def test_k_blocks_rows_do_not_depend_on_the_batch(interp_f64_dots, monkeypatch):
         assert torch.equal(moe_forward(x[:m], *wts, top_k=K, interpret=True), full[:m]), m
 
 
-@pytest.mark.parametrize("k_blocks,swap_tokens", [(3, 1 << 30), (8, 8)])
+@pytest.mark.parametrize("k_blocks,swap_tokens", [(3, 1 << 30), (16, 1 << 30), (8, 8)])
 def test_k_blocks_refuses(interp, monkeypatch, k_blocks, swap_tokens):
-    """Not a power of two in 2-16, or chunks left unswapped (their pass has no blocks: other
-    bits): ValueError naming K_BLOCKS."""
+    """Not one of 1 / 2 / 4 / 8 with blocks of >= 16 columns (BLOCK_K 128), or chunks left
+    unswapped (their pass has no blocks: other bits): ValueError naming K_BLOCKS."""
     monkeypatch.setattr(ME, "K_BLOCKS", k_blocks)
     monkeypatch.setattr(ME, "SWAP_TOKENS", swap_tokens)
     g = T.gen(95)
