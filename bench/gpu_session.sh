@@ -8,7 +8,7 @@
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
 #   PART=kb bash bench/gpu_session.sh   the MoE's swapped pass with 8 K blocks on 8 warps
-#       (moe_experts.K_BLOCKS 8, BLOCK_K 256; plugins/_moe_kblocks.py) against the 2-D pass:
+#       (moe_experts.K_BLOCKS 8, BLOCK_K 256; plugins/_k_blocks.py) against the 2-D pass:
 #       gpu_check moe under it, bench/plugins.py --only moe both ways, whole decode + verify
 #       steps both ways in one call (~8 min).
 #   PART=kg bash bench/gpu_session.sh   fp8_gemv with each K step as 4 blocks on 4 warps
@@ -165,6 +165,21 @@ wholesteps() {  # whole decode + verify steps under the default PDL (4), then PD
   export KOLIBRI_PDL=0
 }
 
+abtime() {  # abtime TAG CHECKS SECTIONS --set M.N=V...: gpu_check --only CHECKS under the
+  # settings, then bench/plugins.py --only SECTIONS (PDL off) and whole decode + verify steps
+  # (default PDL) without and with them, in one call
+  local tag=$1 checks=$2 sections=$3
+  shift 3
+  step check 150 python3 bench/gpu_check.py --only "$checks" "$@"
+  export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+  step "${tag}_off" 45 python3 bench/plugins.py --only "$sections" --quick
+  step "${tag}_on" 45 python3 bench/plugins.py --only "$sections" --quick "$@"
+  unset KOLIBRI_PDL
+  local fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
+  step fs_off 110 $fs --out "$OUT/fs_off"
+  step fs_on 110 $fs --out "$OUT/fs_on" "$@"
+}
+
 ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on COUNT launches of
   # bench/ncu_targets.py TARGET (after 2 skipped), written as text: details and per-SASS counters
   step "ncu_$1" 150 ncu --clock-control none -k "regex:$2" --launch-skip 2 -c "$3" --set full \
@@ -177,27 +192,11 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 
 case "${PART:-}" in
   kg)
-    KG="--set fp8_gemv.K_BLOCKS=4"
-    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,normfused $KG
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step gemv_1 45 python3 bench/plugins.py --only gemv,fused --quick
-    step gemv_4 45 python3 bench/plugins.py --only gemv,fused --quick $KG
-    unset KOLIBRI_PDL
-    FS="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
-    step fs_1 110 $FS --out "$OUT/fs_1"
-    step fs_4 110 $FS --out "$OUT/fs_4" $KG
+    abtime gemv fp8gemv,fp8fused,splitk,normfused gemv,fused --set fp8_gemv.K_BLOCKS=4
     pack kg
     ;;
   kb)
-    KB="--set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=256"
-    step check 150 python3 bench/gpu_check.py --only moe $KB
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step moe_2d 45 python3 bench/plugins.py --only moe --quick
-    step moe_kb 45 python3 bench/plugins.py --only moe --quick $KB
-    unset KOLIBRI_PDL
-    FS="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
-    step fs_2d 110 $FS --out "$OUT/fs_2d"
-    step fs_kb 110 $FS --out "$OUT/fs_kb" $KB
+    abtime moe moe moe --set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=256
     pack kb
     ;;
   og)

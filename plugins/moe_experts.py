@@ -32,7 +32,7 @@ from ._split_k import k_range, num_splits
 from ._e4m3_decode import check_decode, e4m3_to_bf16
 from .moe_split_combine import launch_split_combine
 from ._moe_rows import _expert_count, _rows, _scan_rows
-from ._moe_kblocks import check_moe_k_blocks, swapped_pass_blocks
+from ._k_blocks import check_k_blocks, k_blocks
 
 ROWS = 16
 # Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
@@ -91,8 +91,8 @@ TUNE_SWAP_MOST = dict(num_warps=4, num_stages=5)
 # (bench/results/h200-2026-12-01d/nw/pipeline.log), µs: M=64 382.0 -> 340.6, M=1/4/16 alike.
 TILE_LOOP = True
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
-# Blocks per K step of the swapped pass, a warp each (plugins/_moe_kblocks.py); 1: the 2-D
-K_BLOCKS = 1   # pass. Others: other bits, untimed (plugins/NOTES.md next step 1)
+# Blocks per K step of the swapped pass, a warp each (plugins/_k_blocks.py); 1: one
+K_BLOCKS = 1   # accumulator. Others: other bits, need every chunk swapped; untimed (NOTES)
 
 
 @jit
@@ -139,12 +139,9 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
         k_hi = k_in
     else:
         k_lo, k_hi = k_range(k_in, tl.program_id(2), SPLIT, BLOCK_K)
-    if SWAP and KB > 1:
-        g, up = swapped_pass_blocks(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED,
-                                    BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE, KB)
-    elif SWAP:
+    if SWAP:
         g, up = _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED, BLOCK_N,
-                              BLOCK_K, ROWS, DOT_F32, DECODE)
+                              BLOCK_K, ROWS, DOT_F32, DECODE, KB)
     else:
         g, up = _plain_pass(a_ptr, wb, arow, valid, n, nmask, n_out, k_in, k_lo, k_hi, GATED,
                             BLOCK_N, BLOCK_K, ROWS, DOT_F32, DECODE)
@@ -184,15 +181,16 @@ def _plain_pass(a_ptr, wb, arow, valid, n, nmask, n_out, k_in, k_lo, k_hi, GATED
 @jit
 def _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                  DOT_F32: tl.constexpr, DECODE: tl.constexpr):
+                  DOT_F32: tl.constexpr, DECODE: tl.constexpr, KB: tl.constexpr):
     """g, up [ROWS, BLOCK_N] fp32 as `_plain_pass`, computed as W·x^T: the weight tile (gate
-    rows over up rows when GATED) is the MMA's A operand, the ROWS tokens its N."""
+    rows over up rows when GATED) is the MMA's A operand, the ROWS tokens its N. KB > 1: each
+    step as KB blocks on KB warps, an accumulator each, summed after the loop (`_k_blocks`)."""
     WR: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
     rr = tl.arange(0, WR)
     col = tl.program_id(0) * BLOCK_N + rr % BLOCK_N
     wrow = (col + (rr >= BLOCK_N).to(tl.int32) * n_out).to(tl.int64)   # up rows follow gate's
     wmask_n = col < n_out
-    acc = tl.zeros([WR, ROWS], tl.float32)
+    acc = tl.zeros([WR, ROWS] if KB == 1 else [KB, WR, ROWS], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kx = k0 + tl.arange(0, BLOCK_K)
         kin = kx < k_in
@@ -203,7 +201,11 @@ def _swapped_pass(a_ptr, wb, arow, valid, n_out, k_in, k_lo, k_hi, GATED: tl.con
                      other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
+        if KB > 1:
+            w, xt = k_blocks(w, xt, KB)
         acc = tl.dot(w, xt, acc)
+    if KB > 1:
+        acc = tl.sum(acc, 0)
     if GATED:
         g, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, ROWS]), [1, 2, 0]))
     else:
@@ -386,7 +388,7 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     split = num_splits(max(k, k_sh_eff), split_k_for(n, k, gated), BLOCK_K)
     check_decode("moe_experts", DECODE)
     swap = M <= SWAP_TOKENS
-    check_moe_k_blocks(K_BLOCKS, BLOCK_K, SWAP_TOKENS, MAX_TOKENS)
+    check_k_blocks("moe_experts", K_BLOCKS, BLOCK_K, SWAP_TOKENS >= MAX_TOKENS)
     rows = ROWS_SWAP if swap else ROWS
     meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),

@@ -1,4 +1,4 @@
-"""moe_experts.K_BLOCKS > 1 (plugins/_moe_kblocks.py): K blocks per loop step of the swapped
+"""moe_experts.K_BLOCKS > 1 (plugins/_k_blocks.py): K blocks per loop step of the swapped
 pass, one accumulator each, in the interpreter: against the reference, batch invariance across
 chunk sizes, and the settings it refuses."""
 
