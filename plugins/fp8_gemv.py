@@ -58,8 +58,9 @@ TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # At most SWAP_ROWS rows (0: never) without a norm compute y^T = W·x^T, the weight tile the
 # MMA's A operand and the rows its N (one row tile per program, SWAP_TILES; the same bits).
-# H200 µs against the 16-row form (plugins/NOTES.md "Weights as the MMA's A operand", "fp8_gemv's
-# swapped form to 144 rows"): QKV at 1 / 64 / 144 rows 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2.
+# H200 µs against the 16-row form (plugins/NOTES_HISTORY_2.md "Weights as the MMA's A operand";
+# plugins/NOTES.md "fp8_gemv's swapped form to 144 rows"): QKV at 1 / 64 / 144 rows
+# 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2.
 SWAP_ROWS = 144
 # (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
 SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
