@@ -3,18 +3,14 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt and cc, fz, gb, gk, st, tr, zu) were removed
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, kb, kg and cc, fz, gb, gk, st, tr, zu) were removed
 # once their results were written up: each results README (bench/results/*/README.md) names the
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
-#   PART=kb bash bench/gpu_session.sh   the MoE's swapped pass with 8 K blocks on 8 warps
-#       (moe_experts.K_BLOCKS 8, BLOCK_K 256; plugins/_k_blocks.py) against the 2-D pass:
-#       gpu_check moe under it, bench/plugins.py --only moe both ways, whole decode + verify
-#       steps both ways in one call (~8 min).
-#   PART=kg bash bench/gpu_session.sh   fp8_gemv with each K step as 4 blocks on 4 warps
-#       (fp8_gemv.K_BLOCKS 4; plugins/_k_blocks.py) against one accumulator: gpu_check of the
-#       GEMVs under it, bench/plugins.py --only gemv,fused both ways, whole decode + verify
-#       steps both ways in one call (~8 min).
+#   PART=kh bash bench/gpu_session.sh   fp8_gemv's K blocks by shape (K_BLOCKS_BY_SHAPE: QKV
+#       3584x2560 in 4 blocks) against one accumulator (K_BLOCKS 1) and 2 blocks: gpu_check of
+#       the GEMVs (batch invariance of QKV and o_proj at 1-144 rows), bench/plugins.py --only
+#       fp8 at 1-144 rows three ways, whole decode + verify steps three ways (~8 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -191,18 +187,21 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  kg)
-    abtime gemv fp8gemv,fp8fused,splitk,normfused gemv,fused --set fp8_gemv.K_BLOCKS=4
-    pack kg
-    ;;
-  kb)
-    abtime moe moe moe --set moe_experts.K_BLOCKS=8 --set moe_experts.BLOCK_K=256
-    pack kb
-    ;;
-  og)
+  kh)
+    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,normfused
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step tiles 150 python3 bench/moe_chunks.py --variants tiles
-    pack og
+    rows=1,4,8,16,32,64,80,128,144
+    one=(--set fp8_gemv.K_BLOCKS=1)
+    two=(--set "fp8_gemv.K_BLOCKS_BY_SHAPE={(3584, 2560): 2}")
+    step fp8_one 60 python3 bench/plugins.py --only fp8 --quick --gemv-rows $rows "${one[@]}"
+    step fp8_shape 60 python3 bench/plugins.py --only fp8 --quick --gemv-rows $rows
+    step fp8_two 60 python3 bench/plugins.py --only fp8 --quick --gemv-rows $rows "${two[@]}"
+    unset KOLIBRI_PDL
+    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
+    step fs_one 110 $fs --out "$OUT/fs_one" "${one[@]}"
+    step fs_shape 110 $fs --out "$OUT/fs_shape"
+    step fs_two 110 $fs --out "$OUT/fs_two" "${two[@]}"
+    pack kh
     ;;
   ob)
     allchecks

@@ -200,6 +200,9 @@ def bench_nvfp4(quick):
         torch.cuda.empty_cache()
 
 
+GEMV_ROWS = (1, 4, 16, 64)   # rows fp8_gemv is timed at (--gemv-rows)
+
+
 def bench_fp8(quick):
     shapes = [("qkv", 3584, 2560, "tensor"), ("o_proj", 2560, 2560, "tensor"),
               ("qkv", 3584, 2560, "channel"), ("drafter_fc", 2560, 2560, "block"),
@@ -215,7 +218,7 @@ def bench_fp8(quick):
                  "block": torch.rand((N, K // 64), device=DEV)}[mode]
             ws.append((w, s))
         wb = [w.bfloat16() for w, _ in ws[:sets_for(N * K * 2)]]
-        for M in (1, 4, 16, 64):
+        for M in GEMV_ROWS:
             x = torch.randn((M, K), device=DEV).bfloat16()
             us = time_calls([lambda w=w: fp8_gemv(x, *w) for w in ws])
             st = time_calls([lambda w=w: x @ w.T for w in wb])
@@ -324,8 +327,13 @@ def main():
                     help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
     ap.add_argument("--ceiling", action="store_true",
                     help="each row also against the best plain read of its bytes (read_ceiling)")
+    ap.add_argument("--gemv-rows", default="",
+                    help="comma-separated row counts for fp8_gemv (default 1,4,16,64)")
     args = ap.parse_args()
     PT.CEILING = args.ceiling
+    if args.gemv_rows:
+        global GEMV_ROWS
+        GEMV_ROWS = tuple(int(v) for v in args.gemv_rows.split(","))
     apply_settings(args.set)
     if args.quick:
         PT.ITERS, PT.REPEATS = 10, 3  # read by time_calls when it runs
@@ -340,6 +348,7 @@ def main():
             else:
                 print(hdr)
                 {"attn": bench_attention, "gemv": lambda q: (bench_nvfp4(q), bench_fp8(q)),
+                 "fp8": bench_fp8,
                  "moe": bench_moe, "fused": bench_fused, "fold": bench_fold,
                  "sliding": bench_sliding, "sweep": bench_sweep,
                  "splitk": lambda q: (sweep_fp8_gemv(q), sweep_moe(q)),

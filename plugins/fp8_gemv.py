@@ -71,10 +71,14 @@ SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces 
 # (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
 # bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
 SPLIT_K_BY_SHAPE = {(2560, 2560): 3}
-# Blocks per K step on as many warps (`_k_blocks`; every form's launch takes num_warps =
-# K_BLOCKS then). 1: one accumulator. Others: other bits; untimed in the kernel (probe:
-# ks/, 4 blocks of 64 on 4 warps 7.04 -> 5.62 µs at one row of QKV; plugins/NOTES.md).
-K_BLOCKS = 1
+# Blocks per K step on as many warps (`_k_blocks`; every form's launch for the shape takes
+# num_warps = KB then; other bits than one accumulator's). None: K_BLOCKS_BY_SHAPE (else 1);
+# an int forces it (sweeps, tests). By (N, K), as split-K (batch invariance): QKV gained at
+# 1-16 rows, lost at 64 (7.0 / 6.9 / 7.7 / 12.2 -> 5.5 / 5.7 / 7.3 / 13.5 µs at 1 / 4 / 16 /
+# 64 rows); o_proj (split 3) and the drafter's block-scale shapes lost at every row count
+# (bench/results/h200-2026-12-02d/kg/, plugins/NOTES.md).
+K_BLOCKS = None
+K_BLOCKS_BY_SHAPE = {(3584, 2560): 4}
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 
@@ -282,6 +286,15 @@ def split_k_for(n: int, k: int) -> int:
     return SPLIT_K_BY_SHAPE.get((n, k), 1)
 
 
+def k_blocks_for(n: int, k: int) -> int:
+    """Blocks per K step for an [n, k] weight (a function of N and K only: batch invariance);
+    ValueError naming fp8_gemv.K_BLOCKS (or K_BLOCKS_BY_SHAPE) for a count `check_k_blocks`
+    refuses."""
+    kb = K_BLOCKS_BY_SHAPE.get((n, k), 1) if K_BLOCKS is None else K_BLOCKS
+    check_k_blocks("fp8_gemv", kb, BLOCK_K)
+    return kb
+
+
 def scale_mode(weight, weight_scale) -> int:
     if weight_scale.numel() == 1 and weight_scale.dim() <= 1:
         return MODE_TENSOR
@@ -295,12 +308,12 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
     K, N = x.shape[1], weight.shape[0]
     M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
     check_decode("fp8_gemv", DECODE)
-    check_k_blocks("fp8_gemv", K_BLOCKS, BLOCK_K)
+    kb = k_blocks_for(N, K)
     mode = scale_mode(weight, weight_scale)
     swap = swapped(M, f, mode)
     rows, tune = swap_tile(M) if swap else (ROWS, TUNE)
-    if K_BLOCKS > 1:
-        tune = dict(tune, num_warps=K_BLOCKS)   # a warp per block: none repeats another's work
+    if kb > 1:
+        tune = dict(tune, num_warps=kb)   # a warp per block: none repeats another's work
     wide = not swap and _wide_form(f, mode)
     mt = 1 if swap else min(WIDE_TILES[1] if wide else MAX_TILES, cdiv(M, rows))
     bn = WIDE_TILES[0] if wide else block_n_for(N)
@@ -315,7 +328,7 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
            0 if f.x_rows is None else f.x_rows.stride(0), float(f.eps), MODE=mode, BLOCK_N=bn,
            BLOCK_K=BLOCK_K, SUB_K=SUB_K, ROWS=rows, MT=mt, DOT_F32=interpret, NORM=nseg,
            DECODE=1 if interpret else DECODE, SWAP=swap, NORM_P=next_pow2(nseg),
-           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split, KB=K_BLOCKS,
+           X_ROWS=f.x_rows is not None, interpret=interpret, SPLIT=split, KB=kb,
            ACT=ACTS.index(f.act) if split == 1 else 0,
            RES=f.residual is not None and split == 1, pdl_early=early_launch("gemv", M),
            **extra, **tune)

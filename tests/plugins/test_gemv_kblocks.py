@@ -91,3 +91,33 @@ def test_k_blocks_refuses(interp, monkeypatch, kb):
     w = torch.randn(32, 256).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="K_BLOCKS"):
         F8.fp8_gemv(torch.randn(2, 256).bfloat16(), w, torch.tensor([0.1]), interpret=True)
+
+
+def test_k_blocks_by_shape(interp_f64_dots, monkeypatch):
+    """K_BLOCKS None: an [N, K] weight listed in K_BLOCKS_BY_SHAPE sums in that many blocks, any
+    other in one accumulator, at one row and at 33 (the count is the shape's, not the batch's)."""
+    g = torch.Generator().manual_seed(7)
+    K = 5 * F8.BLOCK_K
+    monkeypatch.setattr(F8, "K_BLOCKS", None)
+    monkeypatch.setattr(F8, "K_BLOCKS_BY_SHAPE", {(40, K): 4})
+    monkeypatch.setattr(F8, "SPLIT_K", 2)
+    x = torch.randn(33, K, generator=g).bfloat16()
+    for n, kb in ((40, 4), (48, 1)):
+        w = torch.randn(n, K, generator=g).to(torch.float8_e4m3fn)
+        want = torch.stack([_block_sums(x, w, F8.BLOCK_K, kb, lo, hi)
+                            for lo, hi in k_ranges(K, 2, F8.BLOCK_K)])
+        other = torch.stack([_block_sums(x, w, F8.BLOCK_K, 5 - kb, lo, hi)
+                             for lo, hi in k_ranges(K, 2, F8.BLOCK_K)])
+        assert not torch.equal(want, other)
+        for m in (1, 33):
+            got = F8.launch_partials(x[:m], w, torch.tensor([0.03]), interpret=True)
+            assert torch.equal(got, want[:, :m]), (n, m)
+
+
+def test_k_blocks_by_shape_refuses(interp, monkeypatch):
+    """A count K_BLOCKS_BY_SHAPE gives that check_k_blocks refuses: ValueError naming K_BLOCKS."""
+    monkeypatch.setattr(F8, "K_BLOCKS", None)
+    monkeypatch.setattr(F8, "K_BLOCKS_BY_SHAPE", {(32, 256): 3})
+    w = torch.randn(32, 256).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="K_BLOCKS"):
+        F8.fp8_gemv(torch.randn(2, 256).bfloat16(), w, torch.tensor([0.1]), interpret=True)
