@@ -11,10 +11,11 @@
 #       3584x2560 in 4 blocks) against one accumulator (K_BLOCKS 1) and 2 blocks: gpu_check of
 #       the GEMVs (batch invariance of QKV and o_proj at 1-144 rows), bench/plugins.py --only
 #       fp8 at 1-144 rows three ways, whole decode + verify steps three ways (~8 min).
-#   PART=ko bash bench/gpu_session.sh   o_proj (2560x2560) in K blocks instead of split-K 3:
-#       unsplit in 4 blocks (then fp8_gemv_add_rms_norm is the GEMV + add_rms_norm) and 2 K
-#       ranges of 4 blocks, against the default: gpu_check fp8gemv,normfused under each,
-#       bench/plugins.py --only fp8,fused and whole decode + verify steps three ways (~7 min).
+#   PART=ko bash bench/gpu_session.sh   QKV in 2 K blocks (the default now) and o_proj
+#       (2560x2560) in 2 K blocks instead of split-K 3: unsplit (then fp8_gemv_add_rms_norm is
+#       the GEMV + add_rms_norm) and 2 K ranges, against the default: gpu_check fp8gemv under
+#       each (+ normfused for the o_proj variants), bench/plugins.py --only fp8,fused and
+#       whole decode + verify steps three ways (~7 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -208,20 +209,21 @@ case "${PART:-}" in
     pack kh
     ;;
   ko)
-    kb4='--set=fp8_gemv.K_BLOCKS_BY_SHAPE={(3584, 2560): 4, (2560, 2560): 4}'
-    s1=("$kb4" '--set=fp8_gemv.SPLIT_K_BY_SHAPE={}')
-    s2=("$kb4" '--set=fp8_gemv.SPLIT_K_BY_SHAPE={(2560, 2560): 2}')
-    step check_s1 100 python3 bench/gpu_check.py --only fp8gemv,normfused "${s1[@]}"
-    step check_s2 100 python3 bench/gpu_check.py --only fp8gemv,normfused "${s2[@]}"
+    kb2='--set=fp8_gemv.K_BLOCKS_BY_SHAPE={(3584, 2560): 2, (2560, 2560): 2}'
+    s1=("$kb2" '--set=fp8_gemv.SPLIT_K_BY_SHAPE={}')
+    s2=("$kb2" '--set=fp8_gemv.SPLIT_K_BY_SHAPE={(2560, 2560): 2}')
+    step check 60 python3 bench/gpu_check.py --only fp8gemv
+    step check_s1 80 python3 bench/gpu_check.py --only fp8gemv,normfused "${s1[@]}"
+    step check_s2 80 python3 bench/gpu_check.py --only fp8gemv,normfused "${s2[@]}"
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step fp8_base 45 python3 bench/plugins.py --only fp8,fused --quick
     step fp8_s1 45 python3 bench/plugins.py --only fp8,fused --quick "${s1[@]}"
     step fp8_s2 45 python3 bench/plugins.py --only fp8,fused --quick "${s2[@]}"
     unset KOLIBRI_PDL
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 60"
-    step fs_base 80 $fs --out "$OUT/fs_base"
-    step fs_s1 80 $fs --out "$OUT/fs_s1" "${s1[@]}"
-    step fs_s2 80 $fs --out "$OUT/fs_s2" "${s2[@]}"
+    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 55"
+    step fs_base 75 $fs --out "$OUT/fs_base"
+    step fs_s1 75 $fs --out "$OUT/fs_s1" "${s1[@]}"
+    step fs_s2 75 $fs --out "$OUT/fs_s2" "${s2[@]}"
     pack ko
     ;;
   ob)

@@ -73,12 +73,13 @@ SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces 
 SPLIT_K_BY_SHAPE = {(2560, 2560): 3}
 # Blocks per K step on as many warps (`_k_blocks`; every form's launch for the shape takes
 # num_warps = KB then; other bits than one accumulator's). None: K_BLOCKS_BY_SHAPE (else 1);
-# an int forces it (sweeps, tests). By (N, K), as split-K (batch invariance): QKV gained at
-# 1-16 rows, lost at 64 (7.0 / 6.9 / 7.7 / 12.2 -> 5.5 / 5.7 / 7.3 / 13.5 µs at 1 / 4 / 16 /
-# 64 rows); o_proj (split 3) and the drafter's block-scale shapes lost at every row count
-# (bench/results/h200-2026-12-02d/kg/, plugins/NOTES.md).
+# an int forces it (sweeps, tests). By (N, K), as split-K (batch invariance). QKV, 1 block ->
+# 2 (4): 7.1 / 7.0 / 8.6 / 12.1 / 22.4 -> 5.5 / 5.6 / 9.1 / 12.1 / 25.7 (5.5 / 5.7 / 9.6 / 13.5
+# / 28.7) µs at 1 / 8 / 32 / 64 / 144 rows; one stream's decode step at 32k 2.703 -> 2.622
+# (2.617) ms, 64 streams 22.194 -> 22.154 (22.259) (bench/results/h200-2026-12-02d/kh/).
+# o_proj (split 3) and the drafter's shapes lost at every row count in 4 blocks (kg/).
 K_BLOCKS = None
-K_BLOCKS_BY_SHAPE = {(3584, 2560): 4}
+K_BLOCKS_BY_SHAPE = {(3584, 2560): 2}
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 
