@@ -220,10 +220,10 @@ case "${PART:-}" in
     step fp8_s1 45 python3 bench/plugins.py --only fp8,fused --quick "${s1[@]}"
     step fp8_s2 45 python3 bench/plugins.py --only fp8,fused --quick "${s2[@]}"
     unset KOLIBRI_PDL
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 55"
-    step fs_base 75 $fs --out "$OUT/fs_base"
-    step fs_s1 75 $fs --out "$OUT/fs_s1" "${s1[@]}"
-    step fs_s2 75 $fs --out "$OUT/fs_s2" "${s2[@]}"
+    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 65"
+    step fs_base 90 $fs --out "$OUT/fs_base"
+    step fs_s1 80 $fs --out "$OUT/fs_s1" "${s1[@]}"
+    step fs_s2 80 $fs --out "$OUT/fs_s2" "${s2[@]}"
     pack ko
     ;;
   ob)
