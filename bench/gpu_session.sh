@@ -16,6 +16,9 @@
 #       the GEMV + add_rms_norm) and 2 K ranges, against the default: gpu_check fp8gemv under
 #       each (+ normfused for the o_proj variants), bench/plugins.py --only fp8,fused and
 #       whole decode + verify steps three ways (~7 min).
+#   PART=ia bash bench/gpu_session.sh   int4_paged_attention with splits of 256 positions
+#       against 512 (PART): bench/plugins.py --only attn --quick both ways (~3 min; timing
+#       only, no bits check: PART sets the bits).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -225,6 +228,12 @@ case "${PART:-}" in
     step fs_s1 80 $fs --out "$OUT/fs_s1" "${s1[@]}"
     step fs_s2 80 $fs --out "$OUT/fs_s2" "${s2[@]}"
     pack ko
+    ;;
+  ia)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step attn_512 100 python3 bench/plugins.py --only attn --quick
+    step attn_256 100 python3 bench/plugins.py --only attn --quick --set int4_paged_attention.PART=256
+    pack ia
     ;;
   ob)
     allchecks
