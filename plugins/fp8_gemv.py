@@ -68,18 +68,16 @@ SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
 # of 64 rows (QKV / o_proj at 128 rows 18.9 / 17.3 µs against 21.4 / 19.7 swapped, oj/)
 WIDE_ROWS = (128,)
 SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces it (sweeps, tests)
-# (N, K) -> S where splitting won on the H200 at every batch (bench/plugins.py --only splitk_gemv,
-# bench/results/h200-2026-11-30b): o_proj 2560x2560 M=1 10.5 -> 9.3 µs, M=64 26.4 -> 24.5 µs.
-SPLIT_K_BY_SHAPE = {(2560, 2560): 3}
+# (N, K) -> S where splitting wins on the H200 at every batch (bench/plugins.py --only
+# splitk_gemv). o_proj 2560x2560 took 3 until K blocks beat it (plugins/NOTES.md).
+SPLIT_K_BY_SHAPE = {}
 # Blocks per K step on as many warps (`_k_blocks`; every form's launch for the shape takes
 # num_warps = KB then; other bits than one accumulator's). None: K_BLOCKS_BY_SHAPE (else 1);
-# an int forces it (sweeps, tests). By (N, K), as split-K (batch invariance). QKV, 1 block ->
-# 2 (4): 7.1 / 7.0 / 8.6 / 12.1 / 22.4 -> 5.5 / 5.6 / 9.1 / 12.1 / 25.7 (5.5 / 5.7 / 9.6 / 13.5
-# / 28.7) µs at 1 / 8 / 32 / 64 / 144 rows; one stream's decode step at 32k 2.703 -> 2.622
-# (2.617) ms, 64 streams 22.194 -> 22.154 (22.259) (bench/results/h200-2026-12-02d/kh/).
-# o_proj (split 3) and the drafter's shapes lost at every row count in 4 blocks (kg/).
+# an int forces it (sweeps, tests). By (N, K), as split-K (batch invariance). H200, 2 blocks
+# against one (o_proj: 3 K ranges), µs at 1 / 64 rows: QKV 7.1 / 12.1 -> 5.5 / 12.1, o_proj
+# 6.6 / 11.7 -> 5.2 / 10.7 (bench/results/h200-2026-12-02d/kh/, ko/; plugins/NOTES.md).
 K_BLOCKS = None
-K_BLOCKS_BY_SHAPE = {(3584, 2560): 2}
+K_BLOCKS_BY_SHAPE = {(3584, 2560): 2, (2560, 2560): 2}
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
 
 

@@ -129,9 +129,9 @@ class PluginModel:
 
     def _o_proj(self, w: LayerWeights, a: torch.Tensor, h: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + o_proj(a), post_attention_layernorm of it), bf16 [T, H] each: one fused op at
-        one rank (the split-K sum, the add and the norm in one launch), else the all-reduce
-        between the GEMV and the norm (the same maths)."""
+        """(h + o_proj(a), post_attention_layernorm of it), bf16 [T, H] each: one op at one
+        rank (fp8_gemv_add_rms_norm: for a split-K shape the sum, the add and the norm in one
+        launch), else the all-reduce between the GEMV and the norm (the same maths)."""
         if self.all_reduce is None:
             return fp8_gemv_add_rms_norm(a, w.o_proj, w.o_scale, h, w.post_norm, eps)
         return add_rms_norm(h, self.all_reduce(fp8_gemv(a, w.o_proj, w.o_scale)), w.post_norm,

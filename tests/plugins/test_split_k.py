@@ -64,8 +64,9 @@ def test_fp8_split_batch_invariant(interp, monkeypatch, S, mode):
 
 
 def test_default_splits_follow_the_shape_table(monkeypatch):
-    """S comes from the (N, K) table the H200 sweep picked (o_proj 2560x2560: 3), else 1 (one
-    value per layer shape: batch invariance); an int in SPLIT_K overrides it (sweeps, tests)."""
+    """S comes from the (N, K) table (SPLIT_K_BY_SHAPE), else 1 (one value per layer shape:
+    batch invariance); an int in SPLIT_K overrides it (sweeps, tests)."""
+    monkeypatch.setattr(f8, "SPLIT_K_BY_SHAPE", {(2560, 2560): 3})
     assert f8.split_k_for(2560, 2560) == 3
     assert f8.split_k_for(3584, 2560) == f8.split_k_for(7680, 2560) == 1
     assert me.split_k_for(768, 2560, True) == me.split_k_for(2560, 768, False) == 1
