@@ -3,22 +3,14 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, kb, kg and cc, fz, gb, gk, st, tr, zu) were removed
-# once their results were written up: each results README (bench/results/*/README.md) names the
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia and cc, fz, gb, gk, st, tr, zu) were
+# removed once their results were written up: each results README (bench/results/*/README.md) names the
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
-#   PART=kh bash bench/gpu_session.sh   fp8_gemv's K blocks by shape (K_BLOCKS_BY_SHAPE: QKV
-#       3584x2560 in 4 blocks) against one accumulator (K_BLOCKS 1) and 2 blocks: gpu_check of
-#       the GEMVs (batch invariance of QKV and o_proj at 1-144 rows), bench/plugins.py --only
-#       fp8 at 1-144 rows three ways, whole decode + verify steps three ways (~8 min).
-#   PART=ko bash bench/gpu_session.sh   QKV in 2 K blocks (the default now) and o_proj
-#       (2560x2560) in 2 K blocks instead of split-K 3: unsplit (then fp8_gemv_add_rms_norm is
-#       the GEMV + add_rms_norm) and 2 K ranges, against the default: gpu_check fp8gemv under
-#       each (+ normfused for the o_proj variants), bench/plugins.py --only fp8,fused and
-#       whole decode + verify steps three ways (~7 min).
-#   PART=ia bash bench/gpu_session.sh   int4_paged_attention with splits of 256 positions
-#       against 512 (PART): bench/plugins.py --only attn --quick both ways (~3 min; timing
-#       only, no bits check: PART sets the bits).
+#   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
+#       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
+#       as wgmma's register A): error against fp8_gemv_ref, batch invariance, µs at 1-144
+#       rows for QKV and o_proj in 6 (SPLIT, BK) settings against fp8_gemv (~4 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -195,45 +187,10 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 }
 
 case "${PART:-}" in
-  kh)
-    step check 150 python3 bench/gpu_check.py --only fp8gemv,fp8fused,splitk,normfused
+  gw)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    rows=1,4,8,16,32,64,80,128,144
-    one=(--set fp8_gemv.K_BLOCKS=1)
-    two=(--set "fp8_gemv.K_BLOCKS_BY_SHAPE={(3584, 2560): 2}")
-    step fp8_one 60 python3 bench/plugins.py --only fp8 --quick --gemv-rows $rows "${one[@]}"
-    step fp8_shape 60 python3 bench/plugins.py --only fp8 --quick --gemv-rows $rows
-    step fp8_two 60 python3 bench/plugins.py --only fp8 --quick --gemv-rows $rows "${two[@]}"
-    unset KOLIBRI_PDL
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 90"
-    step fs_one 110 $fs --out "$OUT/fs_one" "${one[@]}"
-    step fs_shape 110 $fs --out "$OUT/fs_shape"
-    step fs_two 110 $fs --out "$OUT/fs_two" "${two[@]}"
-    pack kh
-    ;;
-  ko)
-    kb2='--set=fp8_gemv.K_BLOCKS_BY_SHAPE={(3584, 2560): 2, (2560, 2560): 2}'
-    s1=("$kb2" '--set=fp8_gemv.SPLIT_K_BY_SHAPE={}')
-    s2=("$kb2" '--set=fp8_gemv.SPLIT_K_BY_SHAPE={(2560, 2560): 2}')
-    step check 60 python3 bench/gpu_check.py --only fp8gemv
-    step check_s1 80 python3 bench/gpu_check.py --only fp8gemv,normfused "${s1[@]}"
-    step check_s2 80 python3 bench/gpu_check.py --only fp8gemv,normfused "${s2[@]}"
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step fp8_base 45 python3 bench/plugins.py --only fp8,fused --quick
-    step fp8_s1 45 python3 bench/plugins.py --only fp8,fused --quick "${s1[@]}"
-    step fp8_s2 45 python3 bench/plugins.py --only fp8,fused --quick "${s2[@]}"
-    unset KOLIBRI_PDL
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 65"
-    step fs_base 90 $fs --out "$OUT/fs_base"
-    step fs_s1 80 $fs --out "$OUT/fs_s1" "${s1[@]}"
-    step fs_s2 80 $fs --out "$OUT/fs_s2" "${s2[@]}"
-    pack ko
-    ;;
-  ia)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step attn_512 100 python3 bench/plugins.py --only attn --quick
-    step attn_256 100 python3 bench/plugins.py --only attn --quick --set int4_paged_attention.PART=256
-    pack ia
+    step gluon_gemv 400 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
+    pack gw
     ;;
   ob)
     allchecks

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""An FP8 GEMV on wgmma at every row count (plugins/NOTES.md, "Next" 2), written in Gluon:
+does it keep fp8_gemv's one-row speed and beat it at 32-144 rows?
+
+    python3 bench/gluon_gemv_probe.py --aot          # here, no GPU: compile for sm_90, count SASS
+    python3 bench/gluon_gemv_probe.py --out DIR      # on the H200: check, then time
+
+The tile computes y^T [64, MT] = W [64, K] · x^T for 64 weight rows and MT (8-128) rows of x:
+W's e4m3 bytes are loaded straight into the register layout of wgmma's A operand (bf16, k
+width 2), decoded there by bit placement (fp8_gemv's DECODE 3), x's tile goes through shared memory as B. Per K step of BK the
+program issues BK / 16 wgmma (m64nMTk16); SPLIT > 1 K ranges write fp32 partials [S, M, N] that
+fp8_gemv's reduce kernel sums in order (plugins/_gemv_reduce.py), so the sum order of a row is
+a function of (N, K, SPLIT, BK) only, never of M or MT, if wgmma's per-column maths does not
+depend on its N (checked here: row 0 alone against inside 16, 64 and 144 rows).
+
+wgmma and mma.sync give other bits for the same sum (bench/results/h200-2026-12-02d/wb/), so
+such a kernel could only replace fp8_gemv at every row count of a shape. On the GPU this
+prints, per shape (QKV 3584x2560, o_proj 2560x2560, per-tensor scale): the relative error
+against fp8_gemv_ref, the batch invariance, and µs at M = 1-144 for fp8_gemv and the probe in
+each (SPLIT, BK) setting, timed as bench/plugins.py (a CUDA graph over enough weight copies to
+defeat L2). Results as JSON under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
+SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
+ROWS = (1, 4, 8, 16, 32, 64, 80, 128, 144)
+SETTINGS = ((1, 128), (2, 128), (4, 128), (5, 128), (1, 256), (5, 256))   # (SPLIT, BK)
+REL_TOL = 2e-2    # bf16 output against the fp32 reference: a few bf16 ulps (2^-8) of the norm
+
+
+@gluon.jit
+def _e4m3_to_bf16(w):
+    """float8e4nv -> bf16 by bit placement (plugins/_e4m3_decode.py, DECODE 3): exact."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 r, z, k; mov.b32 z, 0; mov.b32 k, 0x7B807B80; "
+        "prmt.b32 r, $2, z, 0x9180; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
+        "mul.rn.bf16x2 $0, r, k; "
+        "prmt.b32 r, $2, z, 0xB3A2; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
+        "mul.rn.bf16x2 $1, r, k; }",
+        "=r,=r,r", [w.to(gl.uint8, bitcast=True)], dtype=gl.bfloat16, is_pure=True, pack=4)
+
+
+def storage_layout(bk: int):
+    """The register layout of a [64, BK] byte tile in storage order (K contiguous) whose
+    relabelling by `_to_logical` is wgmma's register A layout (bf16, k width 2; Triton 3.6's
+    to_linear_layout of it: registers k+1, row+8, k+8, k+16, ...; lanes k+2, k+4, row+1, +2,
+    +4; warps row+16, +32): each thread holds BK/4 contiguous bytes of each of its two rows
+    (16-byte loads), where the A layout's K pairs are 2 bytes apart by 8."""
+    nb = bk.bit_length() - 1
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << i] for i in range(nb - 2)] + [[8, 0]],
+        lane_bases=[[0, 1 << (nb - 2)], [0, 1 << (nb - 1)], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, bk])
+
+
+@gluon.jit
+def _to_logical(t, BK: gl.constexpr):
+    """[R, BK] in storage order -> [R, BK] in the order wgmma sums: storage bit i of a column
+    holds K bit (k1, k8, k16, ..., k_BK/2, k2, k4)[i] (`storage_layout`); both W and x go
+    through it, so the product pairs the same elements and only the sum order changes."""
+    R: gl.constexpr = t.shape[0]
+    if BK == 128:
+        t = gl.reshape(t, [R, 2, 2, 2, 2, 2, 2, 2])
+        t = gl.permute(t, (0, 3, 4, 5, 6, 1, 2, 7))
+    else:
+        gl.static_assert(BK == 256, "BK: 128 or 256")
+        t = gl.reshape(t, [R, 2, 2, 2, 2, 2, 2, 2, 2])
+        t = gl.permute(t, (0, 3, 4, 5, 6, 7, 1, 2, 8))
+    return gl.reshape(t, [R, BK])
+
+
+@gluon.jit
+def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
+                MT: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr,
+                WL: gl.constexpr, STAGES: gl.constexpr):
+    """y [M, N] bf16 = scale · x [M, K] · W[N, K]^T (SPLIT 1), else fp32 partials [SPLIT, M, N]
+    of the K ranges [s·K_PART, (s+1)·K_PART) (y_ptr then the partial buffer). w_ptr holds W
+    with each BK block of a row in storage order (`to_storage`). W's and x's tiles come in
+    through a ring of STAGES shared buffers by cp.async; W's is read back 16 bytes at a time
+    in WL, decoded and relabelled into wgmma's A registers, x's is wgmma's B."""
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, MT, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [512 // BK, BK // 16], [4, 1], [1, 0])
+    xcp_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BK, BK // 8], [4, 1], [1, 0])
+    ws_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=BK // 16,
+                                                 order=[1, 0])
+    xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MT, BK], gl.bfloat16)
+    n0 = gl.program_id(0) * 64
+    m0 = gl.program_id(1) * MT
+    s = gl.program_id(2)
+    wr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cp_l))
+    wk = gl.arange(0, BK, layout=gl.SliceLayout(0, cp_l))
+    xm = m0 + gl.arange(0, MT, layout=gl.SliceLayout(1, xcp_l))
+    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xcp_l))
+    w_tile = w_ptr + wr.to(gl.int64)[:, None] * K + wk[None, :]
+    x_tile = x_ptr + gl.minimum(xm, M - 1).to(gl.int64)[:, None] * K + xk[None, :]
+    w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, BK], ws_l)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MT, BK], xs_l)
+    acc = gl.zeros([64, MT], gl.float32, layout=acc_l)
+    k_lo = s * K_PART
+    k_last = k_lo + K_PART - BK
+    for i in gl.static_range(STAGES - 1):   # past the range: the last step again (unused)
+        kk = gl.minimum(k_lo + i * BK, k_last)
+        async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + kk)
+        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + kk)
+        async_copy.commit_group()
+    slot = 0
+    for k0 in range(k_lo, k_lo + K_PART, BK):
+        async_copy.wait_group(STAGES - 2)   # this thread's copies of this step have landed,
+        fence_async_shared()                # are visible to wgmma's (async proxy) reads,
+        gl.thread_barrier()                 # for every thread; the last step's reads are done
+        nxt = (slot + STAGES - 1) % STAGES
+        kk = gl.minimum(k0 + (STAGES - 1) * BK, k_last)
+        async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + kk)
+        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + kk)
+        async_copy.commit_group()
+        w = _to_logical(_e4m3_to_bf16(w_ring.index(slot).load(WL)), BK)
+        a = gl.convert_layout(w, a_l, assert_trivial=True)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc)
+        slot = (slot + 1) % STAGES
+    async_copy.wait_group(0)
+    orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+    om = m0 + gl.arange(0, MT, layout=gl.SliceLayout(0, acc_l))
+    omask = (om < M)[None, :] & (orr < N)[:, None]
+    if SPLIT == 1:
+        y = (acc * gl.load(s_ptr)).to(gl.bfloat16)
+        gl.store(y_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], y, mask=omask)
+    else:
+        p_ptr = y_ptr + s.to(gl.int64) * M * N
+        gl.store(p_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], acc, mask=omask)
+
+
+def to_storage(w: torch.Tensor, bk: int) -> torch.Tensor:
+    """W [N, K] -> the same bytes with each BK block of a row in storage order: storage column s
+    of a block holds logical column k(s) (`_to_logical`'s relabelling, inverted), so the
+    kernel's 16-byte reads land in wgmma's A registers as W's columns. Exact (bytes move)."""
+    n, k = w.shape
+    nb = bk.bit_length() - 1
+    store_bits = [0] + list(range(3, nb)) + [1, 2]      # logical K bit of storage bit i
+    src = torch.tensor([sum(((s >> i) & 1) << store_bits[i] for i in range(nb))
+                        for s in range(bk)], device=w.device)
+    blocks = w.view(torch.uint8).view(n, k // bk, bk)
+    return blocks[:, :, src].reshape(n, k).view(w.dtype).contiguous()
+
+
+def tile_rows(m: int) -> int:
+    """MT for m rows: the power of two >= m in 8-128 (wgmma's N; tiles only group rows)."""
+    return max(8, min(128, 1 << (max(m, 1) - 1).bit_length()))
+
+
+SHARED_BUDGET = 200 * 1024   # bytes of the ring (the H200 gives a program up to 227 KiB)
+
+
+def stages_for(mt: int, bk: int) -> int:
+    """Shared buffers in the ring: up to 4, as many as SHARED_BUDGET holds (at least 2)."""
+    return max(2, min(4, SHARED_BUDGET // (64 * bk + mt * bk * 2)))
+
+
+def wgmma_gemv(x, w_stored, scale, split: int, bk: int):
+    """The probe's y bf16 [M, N] from W in storage order (`to_storage(W, bk)`); fp8_gemv's
+    reduce sums the K ranges for split > 1."""
+    from kolibri_trt_plugins._gemv_fusion import NO_FUSION
+    from kolibri_trt_plugins._gemv_reduce import launch_reduce
+    M, K = x.shape
+    N = w_stored.shape[0]
+    if K % (split * bk) or N % BLOCK_N:
+        raise ValueError(f"K {K} must be a multiple of SPLIT {split} x BK {bk}, N {N} of 64")
+    mt = tile_rows(M)
+    grid = (N // BLOCK_N, triton.cdiv(M, mt), split)
+    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    out = y if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+    _wgmma_gemv[grid](w_stored, x, scale, out, M, N, K, K // split, MT=mt, BK=bk, SPLIT=split,
+                      WL=storage_layout(bk), STAGES=stages_for(mt, bk), num_warps=4)
+    if split > 1:
+        launch_reduce(out, scale, y, NO_FUSION, 0, False)
+    return y
+
+
+def aot(mt: int, bk: int, split: int):
+    sig = dict(w_ptr="*fp8e4nv", x_ptr="*bf16", s_ptr="*fp32", y_ptr="*bf16", M="i32",
+               N="i32", K="i32", K_PART="i32", MT="constexpr", BK="constexpr",
+               SPLIT="constexpr", WL="constexpr", STAGES="constexpr")
+    src = GluonASTSource(_wgmma_gemv, sig, constexprs=dict(
+        MT=mt, BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk)),
+        attrs={(k,): [["tt.divisibility", 16]] for k in range(8)})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+
+
+def check_relabel(bk: int) -> None:
+    """`to_storage` inverts `_to_logical` (the same reshape and permute, in torch on column
+    indices): AssertionError if a logical column would meet another column's weight."""
+    nb = bk.bit_length() - 1
+    perm = {128: (0, 3, 4, 5, 6, 1, 2, 7), 256: (0, 3, 4, 5, 6, 7, 1, 2, 8)}[bk]
+    came_from = torch.arange(bk).reshape([1] + [2] * nb).permute(perm).reshape(bk)
+    w = torch.arange(bk, dtype=torch.uint8).reshape(1, bk)
+    stored = to_storage(w.view(torch.float8_e4m3fn), bk).view(torch.uint8).long()[0]
+    assert torch.equal(stored[came_from], torch.arange(bk)), f"BK {bk}: relabel mismatch"
+
+
+def run_aot() -> int:
+    """Per (MT, BK): registers, stack, shared bytes and the K loop's SASS opcodes per warp."""
+    for bk in (128, 256):
+        check_relabel(bk)
+    print("to_storage inverts _to_logical at BK 128 and 256", flush=True)
+    import re
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from aot_sass import cuobjdump, loops
+    for mt, bk in ((8, 128), (8, 256), (32, 128), (64, 128), (128, 128)):
+        ck = aot(mt, bk, 1)
+        res = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(ck, "-res-usage"))
+        found, total = loops(cuobjdump(ck, "-sass"))
+        print(f"MT {mt:3d} BK {bk}: registers {res.group(1)}, stack {res.group(2)} B, shared "
+              f"{ck.metadata.shared} B, {total} SASS instructions", flush=True)
+        for start, end, ops in found:
+            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
+            print(f"    loop of {end - start + 1}: {top}", flush=True)
+    return 0
+
+
+def run_gpu(out: pathlib.Path) -> int:
+    """Checks (error against fp8_gemv_ref, row 0 alone against inside 16 / 64 / 144 rows),
+    then µs per setting and row count against fp8_gemv; JSON into `out`."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from plugin_timing import sets_for, time_calls
+    from kolibri_trt_plugins.fp8_gemv import fp8_gemv, fp8_gemv_ref
+    results, bad = [], 0
+    for name, (N, K) in SHAPES.items():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        ws = [(torch.randn((N, K), generator=g, device="cuda").to(torch.float8_e4m3fn),
+               torch.tensor([0.02], device="cuda")) for _ in range(sets_for(N * K))]
+        stored = {bk: [(to_storage(w, bk), s) for w, s in ws] for bk in {b for _, b in SETTINGS}}
+        x_all = torch.randn((144, K), generator=g, device="cuda").bfloat16()
+        ref = fp8_gemv_ref(x_all, *ws[0]).float()
+        for split, bk in SETTINGS:
+            w0 = stored[bk][0]
+            y_all = wgmma_gemv(x_all, *w0, split, bk)
+            err = ((y_all.float() - ref).norm() / ref.norm()).item()
+            inv = all(torch.equal(wgmma_gemv(x_all[:m].contiguous(), *w0, split, bk)[0],
+                                  y_all[0]) for m in (1, 16, 64))
+            ok = err < REL_TOL and inv
+            bad += not ok
+            print(f"{name} SPLIT {split} BK {bk}: rel err {err:.2e}, row 0 at M=1/16/64 vs 144 "
+                  f"{'bit-identical' if inv else 'DIFFERS'} -> {'PASS' if ok else 'FAIL'}",
+                  flush=True)
+            results.append(dict(shape=name, split=split, bk=bk, rel_err=err, invariant=inv))
+        for m in ROWS:
+            x = x_all[:m].contiguous()
+            row = dict(shape=name, M=m, fp8_gemv_us=time_calls([lambda w=w: fp8_gemv(x, *w)
+                                                                for w in ws]))
+            for split, bk in SETTINGS:
+                row[f"wgmma_s{split}_bk{bk}_us"] = time_calls(
+                    [lambda w=w: wgmma_gemv(x, *w, split, bk) for w in stored[bk]])
+            print(f"{name} M={m:3d}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                                    if k.endswith("_us")), flush=True)
+            results.append(row)
+        del ws, stored
+        torch.cuda.empty_cache()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gluon_gemv.json").write_text(json.dumps(results, indent=1))
+    print(f"{bad} setting(s) failed the checks; wrote {out / 'gluon_gemv.json'}")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here, no GPU")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gluon_gemv_out"))
+    args = ap.parse_args()
+    return run_aot() if args.aot else run_gpu(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
