@@ -7,10 +7,11 @@
 # removed once their results were written up: each results README (bench/results/*/README.md) names the
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
-#   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
-#       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
-#       as wgmma's register A): error against fp8_gemv_ref, batch invariance, µs at 1-144
-#       rows for QKV and o_proj in 6 (SPLIT, BK) settings against fp8_gemv (~4 min).
+#   PART=gw bash bench/gpu_session.sh   FP8 and NVFP4 GEMVs on wgmma at every row count, in
+#       Gluon (bench/gluon_gemv_probe.py, bench/gluon_nvfp4_probe.py: weights in storage
+#       order, cp.async ring, decoded weights as wgmma's register A): error against the
+#       references, batch invariance, µs at 1-144 rows against fp8_gemv (QKV, o_proj; 6
+#       (SPLIT, BK) settings) and nvfp4_gemv (LM head, drafter head; SPLIT 1, 2) (~7 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -189,7 +190,8 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 case "${PART:-}" in
   gw)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step gluon_gemv 400 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
+    step gluon_gemv 240 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
+    step gluon_nvfp4 240 python3 bench/gluon_nvfp4_probe.py --out "$OUT/gw"
     pack gw
     ;;
   ob)

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""An NVFP4 GEMV on wgmma at every row count (plugins/NOTES.md, "Next" 3): the LM head and the
+drafter's head slice, as bench/gluon_gemv_probe.py does the FP8 GEMV.
+
+    python3 bench/gluon_nvfp4_probe.py --aot          # here, no GPU: compile for sm_90, count SASS
+    python3 bench/gluon_nvfp4_probe.py --out DIR      # on the H200: check, then time
+
+Per K step of BK = 256 a program of 4 warps takes 64 weight rows: 128 packed bytes and 16 e4m3
+block scales per row and x's [MT, 256] tile come in through a cp.async ring. Each thread reads
+32 bytes of each of its two rows (16-byte shared-memory reads) and the 16 scales of each; a
+byte holds the K pair (2p, 2p+1), which is one register pair of wgmma's A operand (k width 2),
+so the bytes are stored with each block's pairs permuted (`to_storage`: byte b holds pair
+p(b), b's bits (p2 .. p6, p0, p1)) and the two decoded nibble tensors, joined, are relabelled
+by bench/gluon_gemv_probe.py's `_to_logical` at BK 256 (the same bit order: k1, k8, ... k128,
+k2, k4). The scales are expanded to the bytes' layout by a join and a lane broadcast (no data
+moves). The decode is nvfp4_gemv's DECODE 3 (bit placement, scale product in bf16, the fp32
+result times 2^16 · weight_scale_2). On the GPU: relative error against nvfp4_gemv_ref, row 0
+alone against inside 16 / 64 / 144 rows, µs at 1-144 rows against nvfp4_gemv; JSON under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from gluon_gemv_probe import (REL_TOL, ROWS, SHARED_BUDGET, _to_logical,  # noqa: E402
+                              storage_layout, tile_rows)
+
+BK = 256                          # K per step (128 bytes, 16 scales per row)
+SHAPES = {"lm_head": (131072, 2560), "drafter_head": (60614, 2560)}
+SPLITS = (1, 2)
+PAIR_BITS = (2, 3, 4, 5, 6, 0, 1)   # pair bit held by storage byte bit i (BK 256)
+SCALE_LAYOUT = gl.DistributedLinearLayout(   # [64, 16] scales: a row's 16 in one thread
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
+    lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+    block_bases=[], shape=[64, 16])
+BCAST_LAYOUT = gl.DistributedLinearLayout(   # [64, 4, 32]: the byte layout, pair bits 0-1 apart
+    reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
+    lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+    warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 32])
+
+
+@gluon.jit
+def _e2m1_pairs_to_bf16(wq, sb):
+    """nvfp4_gemv's DECODE 3 (plugins/nvfp4_gemv.py): packed pairs and bf16 scales (· 2^110)
+    -> (low, high nibbles) as bf16 = value · scale · 2^-16, exactly."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 p, w, z, k; mov.b32 z, 0; mov.b32 k, 0x81C081C0; shl.b32 w, $4, 4; "
+        "prmt.b32 p, w, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
+        "mul.rn.bf16x2 $0, p, $5; "
+        "prmt.b32 p, w, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
+        "mul.rn.bf16x2 $1, p, $6; "
+        "prmt.b32 p, $4, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
+        "mul.rn.bf16x2 $2, p, $5; "
+        "prmt.b32 p, $4, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
+        "mul.rn.bf16x2 $3, p, $6; }",
+        "=r,=r,=r,=r,r,r,r", [wq, sb], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _scale_to_bf16(s):
+    """e4m3 block scales -> bf16 scale · 2^110 (the DECODE 3 convention) by bit placement:
+    (code & 0x7F) << 4 with the sign on top is scale · 2^-120 (plugins/_e4m3_decode.py),
+    then two exact products by 2^115 (bf16 has no 2^230)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 r, z, k; mov.b32 z, 0; mov.b32 k, 0x79007900; "
+        "prmt.b32 r, $2, z, 0x9180; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
+        "mul.rn.bf16x2 r, r, k; mul.rn.bf16x2 $0, r, k; "
+        "prmt.b32 r, $2, z, 0xB3A2; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
+        "mul.rn.bf16x2 r, r, k; mul.rn.bf16x2 $1, r, k; }",
+        "=r,=r,r", [s.to(gl.uint8, bitcast=True)], dtype=gl.bfloat16, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _scales_to_bytes(sb, WB: gl.constexpr, L3: gl.constexpr):
+    """bf16 [64, 16] block scales (SCALE_LAYOUT) -> [64, 128] in the bytes' layout WB: byte b
+    gets the scale of its 16-column block (b's bits 1-4); registers only."""
+    t = gl.reshape(gl.join(sb, sb), [64, 32])
+    t = gl.expand_dims(gl.convert_layout(t, gl.SliceLayout(1, L3), assert_trivial=True), 1)
+    t, _ = gl.broadcast(t, gl.full([64, 4, 32], 0, gl.bfloat16, layout=L3))
+    return gl.convert_layout(gl.reshape(t, [64, 128]), WB, assert_trivial=True)
+
+
+@gluon.jit
+def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS,
+                 MT: gl.constexpr, SPLIT: gl.constexpr, WB: gl.constexpr, SL: gl.constexpr,
+                 L3: gl.constexpr, STAGES: gl.constexpr):
+    """y [M, N] bf16 (SPLIT 1) or fp32 partials [SPLIT, M, N] (unscaled by weight_scale_2 ·
+    2^16: the probe's host code applies it) of x · W^T, W in storage order (`to_storage`);
+    program_id(2) takes STEPS steps of 256 columns. sw_n = K/2 and ss_n = K/16 (the row
+    strides, as arguments so that they are known divisible by 16: 16-byte cp.async)."""
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, MT, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])     # [64, 128] B
+    cs_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])    # [64, 16] B
+    xcp_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])    # [MT, 256]
+    ws_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    ss_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MT, 256], gl.bfloat16)
+    n0 = gl.program_id(0) * 64
+    m0 = gl.program_id(1) * MT
+    s = gl.program_id(2)
+    wr = gl.minimum(n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cp_l)), N - 1)
+    sr = gl.minimum(n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cs_l)), N - 1)
+    xm = gl.minimum(m0 + gl.arange(0, MT, layout=gl.SliceLayout(1, xcp_l)), M - 1)
+    w_tile = w_ptr + wr.to(gl.int64)[:, None] * sw_n + \
+        gl.arange(0, 128, layout=gl.SliceLayout(0, cp_l))[None, :]
+    s_tile = ws_ptr + sr.to(gl.int64)[:, None] * ss_n + \
+        gl.arange(0, 16, layout=gl.SliceLayout(0, cs_l))[None, :]
+    x_tile = x_ptr + xm.to(gl.int64)[:, None] * K + \
+        gl.arange(0, 256, layout=gl.SliceLayout(0, xcp_l))[None, :]
+    w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 128], ws_l)
+    s_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 64, 16], ss_l)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MT, 256], xs_l)
+    acc = gl.zeros([64, MT], gl.float32, layout=acc_l)
+    j_lo = s * STEPS
+    j_last = j_lo + STEPS - 1
+    for i in gl.static_range(STAGES - 1):   # past the range: the last step again (unused)
+        j = gl.minimum(j_lo + i, j_last)
+        async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + j * 128)
+        async_copy.async_copy_global_to_shared(s_ring.index(i), s_tile + j * 16)
+        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + j * 256)
+        async_copy.commit_group()
+    slot = 0
+    for j0 in range(j_lo, j_lo + STEPS):
+        async_copy.wait_group(STAGES - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        nxt = (slot + STAGES - 1) % STAGES
+        j = gl.minimum(j0 + STAGES - 1, j_last)
+        async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + j * 128)
+        async_copy.async_copy_global_to_shared(s_ring.index(nxt), s_tile + j * 16)
+        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + j * 256)
+        async_copy.commit_group()
+        sb = _scale_to_bf16(s_ring.index(slot).load(SL))
+        lo, hi = _e2m1_pairs_to_bf16(w_ring.index(slot).load(WB), _scales_to_bytes(sb, WB, L3))
+        w = _to_logical(gl.reshape(gl.join(lo, hi), [64, 256]), 256)
+        a = gl.convert_layout(w, a_l, assert_trivial=True)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc)
+        slot = (slot + 1) % STAGES
+    async_copy.wait_group(0)
+    orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+    om = m0 + gl.arange(0, MT, layout=gl.SliceLayout(0, acc_l))
+    omask = (om < M)[None, :] & (orr < N)[:, None]
+    if SPLIT == 1:
+        y = (acc * (gl.load(gs_ptr) * 65536.0)).to(gl.bfloat16)
+        gl.store(y_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], y, mask=omask)
+    else:
+        p_ptr = y_ptr + s.to(gl.int64) * M * N
+        gl.store(p_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], acc, mask=omask)
+
+
+def to_storage(weight: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] packed pairs -> the same bytes with each block of 128 permuted: byte b
+    holds pair Σ bit_i(b) << PAIR_BITS[i] (exact: bytes move)."""
+    n, kb = weight.shape
+    src = torch.tensor([sum(((b >> i) & 1) << PAIR_BITS[i] for i in range(7))
+                        for b in range(128)], device=weight.device)
+    return weight.view(n, kb // 128, 128)[:, :, src].reshape(n, kb).contiguous()
+
+
+def check_relabel() -> None:
+    """Logical column k after the decode, the join and `_to_logical` is nibble k & 1 of pair
+    k >> 1 (torch emulation of the reshape and permute): AssertionError otherwise."""
+    joined = torch.arange(256).reshape([1] + [2] * 8).permute(0, 3, 4, 5, 6, 7, 1, 2, 8)
+    joined = joined.reshape(256)                       # logical k <- joined column 2b + nibble
+    stored = to_storage(torch.arange(128, dtype=torch.uint8).reshape(1, 128)).long()[0]
+    pair = stored[joined // 2]
+    assert torch.equal(pair * 2 + joined % 2, torch.arange(256)), "nvfp4 relabel mismatch"
+
+
+def stages_for(mt: int) -> int:
+    return max(2, min(4, SHARED_BUDGET // (64 * 128 + 64 * 16 + mt * 512)))
+
+
+def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int):
+    """The probe's y bf16 [M, N]; split > 1: fp32 partials summed in order here (torch)."""
+    M, K = x.shape
+    N = w_stored.shape[0]
+    if K % (split * BK):
+        raise ValueError(f"K {K} must be a multiple of SPLIT {split} x {BK}")
+    mt = tile_rows(M)
+    grid = (triton.cdiv(N, 64), triton.cdiv(M, mt), split)
+    out = (torch.empty((M, N), dtype=torch.bfloat16, device=x.device) if split == 1 else
+           torch.empty((split, M, N), dtype=torch.float32, device=x.device))
+    _wgmma_nvfp4[grid](w_stored, weight_scale, weight_scale_2, x, out, M, N, K, K // 2, K // 16,
+                       K // (split * BK),
+                       MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT,
+                       L3=BCAST_LAYOUT, STAGES=stages_for(mt), num_warps=4)
+    if split == 1:
+        return out
+    total = out[0]
+    for i in range(1, split):
+        total = total + out[i]
+    return (total * (weight_scale_2 * 65536.0)).to(torch.bfloat16)
+
+
+def aot(mt: int, split: int):
+    sig = dict(w_ptr="*u8", ws_ptr="*fp8e4nv", gs_ptr="*fp32", x_ptr="*bf16", y_ptr="*bf16",
+               M="i32", N="i32", K="i32", sw_n="i32", ss_n="i32", STEPS="i32",
+               MT="constexpr", SPLIT="constexpr",
+               WB="constexpr", SL="constexpr", L3="constexpr", STAGES="constexpr")
+    src = GluonASTSource(_wgmma_nvfp4, sig, constexprs=dict(
+        MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT, L3=BCAST_LAYOUT,
+        STAGES=stages_for(mt)), attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+
+
+def run_aot() -> int:
+    import re
+    from aot_sass import cuobjdump, loops
+    check_relabel()
+    print("to_storage and the relabelling pair every logical column with its nibble")
+    for mt in (8, 32, 64, 128):
+        ck = aot(mt, 1)
+        res = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(ck, "-res-usage"))
+        found, total = loops(cuobjdump(ck, "-sass"))
+        print(f"MT {mt:3d}: registers {res.group(1)}, stack {res.group(2)} B, shared "
+              f"{ck.metadata.shared} B, {total} SASS instructions", flush=True)
+        for start, end, ops in found:
+            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
+            print(f"    loop of {end - start + 1}: {top}", flush=True)
+    return 0
+
+
+def run_gpu(out: pathlib.Path) -> int:
+    from plugin_timing import sets_for, time_calls
+    from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref
+    from kolibri_trt_plugins.testing import nvfp4_weight
+    results, bad = [], 0
+    for name, (N, K) in SHAPES.items():
+        g = torch.Generator().manual_seed(0)
+        ws = [nvfp4_weight(N, K, g, device="cuda") for _ in range(sets_for(N * K // 2))]
+        stored = [(to_storage(w), s, s2) for w, s, s2 in ws]
+        x_all = torch.randn((144, K), device="cuda").bfloat16()
+        ref = nvfp4_gemv_ref(x_all, *ws[0]).float()
+        for split in SPLITS:
+            y_all = wgmma_nvfp4(x_all, *stored[0], split)
+            err = ((y_all.float() - ref).norm() / ref.norm()).item()
+            inv = all(torch.equal(wgmma_nvfp4(x_all[:m].contiguous(), *stored[0], split)[0],
+                                  y_all[0]) for m in (1, 16, 64))
+            ok = err < REL_TOL and inv
+            bad += not ok
+            print(f"{name} SPLIT {split}: rel err {err:.2e}, row 0 at M=1/16/64 vs 144 "
+                  f"{'bit-identical' if inv else 'DIFFERS'} -> {'PASS' if ok else 'FAIL'}",
+                  flush=True)
+            results.append(dict(shape=name, split=split, rel_err=err, invariant=inv))
+        for m in ROWS:
+            x = x_all[:m].contiguous()
+            row = dict(shape=name, M=m, nvfp4_gemv_us=time_calls(
+                [lambda w=w: nvfp4_gemv(x, *w) for w in ws]))
+            for split in SPLITS:
+                row[f"wgmma_s{split}_us"] = time_calls(
+                    [lambda w=w: wgmma_nvfp4(x, *w, split) for w in stored])
+            print(f"{name} M={m:3d}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                                    if k.endswith("_us")), flush=True)
+            results.append(row)
+        del ws, stored
+        torch.cuda.empty_cache()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gluon_nvfp4.json").write_text(json.dumps(results, indent=1))
+    print(f"{bad} setting(s) failed the checks; wrote {out / 'gluon_nvfp4.json'}")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here, no GPU")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gluon_nvfp4_out"))
+    args = ap.parse_args()
+    return run_aot() if args.aot else run_gpu(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
