@@ -37,6 +37,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_ASM
+
 BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
 SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
 ROWS = (1, 4, 8, 16, 32, 64, 80, 128, 144)
@@ -47,13 +49,8 @@ REL_TOL = 2e-2    # bf16 output against the fp32 reference: a few bf16 ulps (2^-
 @gluon.jit
 def _e4m3_to_bf16(w):
     """float8e4nv -> bf16 by bit placement (plugins/_e4m3_decode.py, DECODE 3): exact."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 r, z, k; mov.b32 z, 0; mov.b32 k, 0x7B807B80; "
-        "prmt.b32 r, $2, z, 0x9180; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
-        "mul.rn.bf16x2 $0, r, k; "
-        "prmt.b32 r, $2, z, 0xB3A2; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
-        "mul.rn.bf16x2 $1, r, k; }",
-        "=r,=r,r", [w.to(gl.uint8, bitcast=True)], dtype=gl.bfloat16, is_pure=True, pack=4)
+    return gl.inline_asm_elementwise(E4M3_BF16_ASM, "=r,=r,r", [w.to(gl.uint8, bitcast=True)],
+                                     dtype=gl.bfloat16, is_pure=True, pack=4)
 
 
 def storage_layout(bk: int):
@@ -214,31 +211,78 @@ def check_relabel(bk: int) -> None:
     assert torch.equal(stored[came_from], torch.arange(bk)), f"BK {bk}: relabel mismatch"
 
 
+def print_aot(label: str, ck) -> None:
+    """One compiled kernel: registers, stack, shared bytes, SASS size, each loop's opcodes."""
+    import re
+    from aot_sass import cuobjdump, loops
+    res = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(ck, "-res-usage"))
+    found, total = loops(cuobjdump(ck, "-sass"))
+    print(f"{label}: registers {res.group(1)}, stack {res.group(2)} B, shared "
+          f"{ck.metadata.shared} B, {total} SASS instructions", flush=True)
+    for start, end, ops in found:
+        top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
+        print(f"    loop of {end - start + 1}: {top}", flush=True)
+
+
+def check_case(label: str, fn, x_all, ref) -> tuple[dict, bool]:
+    """fn(x) for the 144 rows x_all: relative error against ref (fp32), and row 0 alone and
+    inside 16 / 64 rows against inside all 144 (bit for bit). Printed; (record, passed)."""
+    y_all = fn(x_all)
+    err = ((y_all.float() - ref).norm() / ref.norm()).item()
+    inv = all(torch.equal(fn(x_all[:m].contiguous())[0], y_all[0]) for m in (1, 16, 64))
+    ok = err < REL_TOL and inv
+    print(f"{label}: rel err {err:.2e}, row 0 at M=1/16/64 vs 144 "
+          f"{'bit-identical' if inv else 'DIFFERS'} -> {'PASS' if ok else 'FAIL'}", flush=True)
+    return dict(rel_err=err, invariant=inv), ok
+
+
+def time_rows(name: str, x_all, calls: dict) -> list[dict]:
+    """µs per row count of ROWS for each label -> fn(x, weights) over its weight copies
+    (calls: label -> (fn, list of weight tuples)), timed as bench/plugins.py."""
+    from plugin_timing import time_calls
+    rows = []
+    for m in ROWS:
+        x = x_all[:m].contiguous()
+        row = dict(shape=name, M=m)
+        for label, (fn, wsets) in calls.items():
+            row[f"{label}_us"] = time_calls([lambda w=w: fn(x, *w) for w in wsets])
+        print(f"{name} M={m:3d}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                                if k.endswith("_us")), flush=True)
+        rows.append(row)
+    return rows
+
+
+def probe_main(doc: str, run_aot, run_gpu, default_out: str) -> int:
+    """The probes' command line: --aot (here, no GPU) or the GPU run into --out."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here, no GPU")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(default_out))
+    args = ap.parse_args()
+    return run_aot() if args.aot else run_gpu(args.out)
+
+
+def finish(out: pathlib.Path, name: str, results: list, bad: int) -> int:
+    """Write the JSON, print the verdict; exit status 1 if any setting failed its checks."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(results, indent=1))
+    print(f"{bad} setting(s) failed the checks; wrote {out / name}")
+    return 1 if bad else 0
+
+
 def run_aot() -> int:
     """Per (MT, BK): registers, stack, shared bytes and the K loop's SASS opcodes per warp."""
     for bk in (128, 256):
         check_relabel(bk)
     print("to_storage inverts _to_logical at BK 128 and 256", flush=True)
-    import re
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from aot_sass import cuobjdump, loops
     for mt, bk in ((8, 128), (8, 256), (32, 128), (64, 128), (128, 128)):
-        ck = aot(mt, bk, 1)
-        res = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(ck, "-res-usage"))
-        found, total = loops(cuobjdump(ck, "-sass"))
-        print(f"MT {mt:3d} BK {bk}: registers {res.group(1)}, stack {res.group(2)} B, shared "
-              f"{ck.metadata.shared} B, {total} SASS instructions", flush=True)
-        for start, end, ops in found:
-            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
-            print(f"    loop of {end - start + 1}: {top}", flush=True)
+        print_aot(f"MT {mt:3d} BK {bk}", aot(mt, bk, 1))
     return 0
 
 
 def run_gpu(out: pathlib.Path) -> int:
     """Checks (error against fp8_gemv_ref, row 0 alone against inside 16 / 64 / 144 rows),
     then µs per setting and row count against fp8_gemv; JSON into `out`."""
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from plugin_timing import sets_for, time_calls
+    from plugin_timing import sets_for
     from kolibri_trt_plugins.fp8_gemv import fp8_gemv, fp8_gemv_ref
     results, bad = [], 0
     for name, (N, K) in SHAPES.items():
@@ -248,43 +292,21 @@ def run_gpu(out: pathlib.Path) -> int:
         stored = {bk: [(to_storage(w, bk), s) for w, s in ws] for bk in {b for _, b in SETTINGS}}
         x_all = torch.randn((144, K), generator=g, device="cuda").bfloat16()
         ref = fp8_gemv_ref(x_all, *ws[0]).float()
+        calls = {"fp8_gemv": (fp8_gemv, ws)}
         for split, bk in SETTINGS:
-            w0 = stored[bk][0]
-            y_all = wgmma_gemv(x_all, *w0, split, bk)
-            err = ((y_all.float() - ref).norm() / ref.norm()).item()
-            inv = all(torch.equal(wgmma_gemv(x_all[:m].contiguous(), *w0, split, bk)[0],
-                                  y_all[0]) for m in (1, 16, 64))
-            ok = err < REL_TOL and inv
+            def fn(x, w, s, split=split, bk=bk):
+                return wgmma_gemv(x, w, s, split, bk)
+            rec, ok = check_case(f"{name} SPLIT {split} BK {bk}",
+                                 lambda x, w0=stored[bk][0]: fn(x, *w0), x_all, ref)
+            results.append(dict(shape=name, split=split, bk=bk, **rec))
             bad += not ok
-            print(f"{name} SPLIT {split} BK {bk}: rel err {err:.2e}, row 0 at M=1/16/64 vs 144 "
-                  f"{'bit-identical' if inv else 'DIFFERS'} -> {'PASS' if ok else 'FAIL'}",
-                  flush=True)
-            results.append(dict(shape=name, split=split, bk=bk, rel_err=err, invariant=inv))
-        for m in ROWS:
-            x = x_all[:m].contiguous()
-            row = dict(shape=name, M=m, fp8_gemv_us=time_calls([lambda w=w: fp8_gemv(x, *w)
-                                                                for w in ws]))
-            for split, bk in SETTINGS:
-                row[f"wgmma_s{split}_bk{bk}_us"] = time_calls(
-                    [lambda w=w: wgmma_gemv(x, *w, split, bk) for w in stored[bk]])
-            print(f"{name} M={m:3d}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
-                                                    if k.endswith("_us")), flush=True)
-            results.append(row)
-        del ws, stored
+            calls[f"wgmma_s{split}_bk{bk}"] = (fn, stored[bk])
+        results += time_rows(name, x_all, calls)
+        del ws, stored, calls
         torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gluon_gemv.json").write_text(json.dumps(results, indent=1))
-    print(f"{bad} setting(s) failed the checks; wrote {out / 'gluon_gemv.json'}")
-    return 1 if bad else 0
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here, no GPU")
-    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gluon_gemv_out"))
-    args = ap.parse_args()
-    return run_aot() if args.aot else run_gpu(args.out)
+    return finish(out, "gluon_gemv.json", results, bad)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    sys.exit(probe_main(__doc__, run_aot, run_gpu, "gluon_gemv_out"))

@@ -20,8 +20,6 @@ alone against inside 16 / 64 / 144 rows, µs at 1-144 rows against nvfp4_gemv; J
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 import sys
 
@@ -35,8 +33,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from gluon_gemv_probe import (REL_TOL, ROWS, SHARED_BUDGET, _to_logical,  # noqa: E402
-                              storage_layout, tile_rows)
+from gluon_gemv_probe import (SHARED_BUDGET, _to_logical, check_case, finish,  # noqa: E402
+                              print_aot, probe_main, storage_layout, tile_rows, time_rows)
+from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_ASM  # noqa: E402
 
 BK = 256                          # K per step (128 bytes, 16 scales per row)
 SHAPES = {"lm_head": (131072, 2560), "drafter_head": (60614, 2560)}
@@ -56,17 +55,8 @@ BCAST_LAYOUT = gl.DistributedLinearLayout(   # [64, 4, 32]: the byte layout, pai
 def _e2m1_pairs_to_bf16(wq, sb):
     """nvfp4_gemv's DECODE 3 (plugins/nvfp4_gemv.py): packed pairs and bf16 scales (· 2^110)
     -> (low, high nibbles) as bf16 = value · scale · 2^-16, exactly."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 p, w, z, k; mov.b32 z, 0; mov.b32 k, 0x81C081C0; shl.b32 w, $4, 4; "
-        "prmt.b32 p, w, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
-        "mul.rn.bf16x2 $0, p, $5; "
-        "prmt.b32 p, w, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
-        "mul.rn.bf16x2 $1, p, $6; "
-        "prmt.b32 p, $4, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
-        "mul.rn.bf16x2 $2, p, $5; "
-        "prmt.b32 p, $4, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
-        "mul.rn.bf16x2 $3, p, $6; }",
-        "=r,=r,=r,=r,r,r,r", [wq, sb], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+    return gl.inline_asm_elementwise(E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r", [wq, sb],
+                                     dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
 
 
 @gluon.jit
@@ -220,24 +210,15 @@ def aot(mt: int, split: int):
 
 
 def run_aot() -> int:
-    import re
-    from aot_sass import cuobjdump, loops
     check_relabel()
     print("to_storage and the relabelling pair every logical column with its nibble")
     for mt in (8, 32, 64, 128):
-        ck = aot(mt, 1)
-        res = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(ck, "-res-usage"))
-        found, total = loops(cuobjdump(ck, "-sass"))
-        print(f"MT {mt:3d}: registers {res.group(1)}, stack {res.group(2)} B, shared "
-              f"{ck.metadata.shared} B, {total} SASS instructions", flush=True)
-        for start, end, ops in found:
-            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
-            print(f"    loop of {end - start + 1}: {top}", flush=True)
+        print_aot(f"MT {mt:3d}", aot(mt, 1))
     return 0
 
 
 def run_gpu(out: pathlib.Path) -> int:
-    from plugin_timing import sets_for, time_calls
+    from plugin_timing import sets_for
     from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref
     from kolibri_trt_plugins.testing import nvfp4_weight
     results, bad = [], 0
@@ -247,42 +228,20 @@ def run_gpu(out: pathlib.Path) -> int:
         stored = [(to_storage(w), s, s2) for w, s, s2 in ws]
         x_all = torch.randn((144, K), device="cuda").bfloat16()
         ref = nvfp4_gemv_ref(x_all, *ws[0]).float()
+        calls = {"nvfp4_gemv": (nvfp4_gemv, ws)}
         for split in SPLITS:
-            y_all = wgmma_nvfp4(x_all, *stored[0], split)
-            err = ((y_all.float() - ref).norm() / ref.norm()).item()
-            inv = all(torch.equal(wgmma_nvfp4(x_all[:m].contiguous(), *stored[0], split)[0],
-                                  y_all[0]) for m in (1, 16, 64))
-            ok = err < REL_TOL and inv
+            def fn(x, w, s, s2, split=split):
+                return wgmma_nvfp4(x, w, s, s2, split)
+            rec, ok = check_case(f"{name} SPLIT {split}", lambda x, w0=stored[0]: fn(x, *w0),
+                                 x_all, ref)
+            results.append(dict(shape=name, split=split, **rec))
             bad += not ok
-            print(f"{name} SPLIT {split}: rel err {err:.2e}, row 0 at M=1/16/64 vs 144 "
-                  f"{'bit-identical' if inv else 'DIFFERS'} -> {'PASS' if ok else 'FAIL'}",
-                  flush=True)
-            results.append(dict(shape=name, split=split, rel_err=err, invariant=inv))
-        for m in ROWS:
-            x = x_all[:m].contiguous()
-            row = dict(shape=name, M=m, nvfp4_gemv_us=time_calls(
-                [lambda w=w: nvfp4_gemv(x, *w) for w in ws]))
-            for split in SPLITS:
-                row[f"wgmma_s{split}_us"] = time_calls(
-                    [lambda w=w: wgmma_nvfp4(x, *w, split) for w in stored])
-            print(f"{name} M={m:3d}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
-                                                    if k.endswith("_us")), flush=True)
-            results.append(row)
-        del ws, stored
+            calls[f"wgmma_s{split}"] = (fn, stored)
+        results += time_rows(name, x_all, calls)
+        del ws, stored, calls
         torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gluon_nvfp4.json").write_text(json.dumps(results, indent=1))
-    print(f"{bad} setting(s) failed the checks; wrote {out / 'gluon_nvfp4.json'}")
-    return 1 if bad else 0
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here, no GPU")
-    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gluon_nvfp4_out"))
-    args = ap.parse_args()
-    return run_aot() if args.aot else run_gpu(args.out)
+    return finish(out, "gluon_nvfp4.json", results, bad)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(probe_main(__doc__, run_aot, run_gpu, "gluon_nvfp4_out"))

@@ -2,21 +2,9 @@
 shr, prmt, lop3, mul.rn.bf16x2), so tests can run that assembly on CPU: Triton's interpreter
 cannot, and a wrong selector or table byte would otherwise show only on the GPU."""
 
-import re
-from pathlib import Path
-
 import torch
 
 MASK = 0xFFFFFFFF
-
-
-def asm_text(path: str, function: str) -> str:
-    """The asm string of the first inline_asm_elementwise in `function`, read from the source
-    file at `path` (its adjacent string literals joined)."""
-    src = Path(path).read_text()
-    body = src[src.index(f"def {function}"):]
-    body = body[body.index("inline_asm_elementwise("):body.index('"=r,')]
-    return "".join(re.findall(r'"([^"]*)"', body))
 
 
 def _prmt(a: int, b: int, c: int) -> int:

@@ -4,7 +4,7 @@ run on CPU through tests/plugins/ptx_emulator.py, over every e4m3 code but the N
 import importlib
 
 import torch
-from ptx_emulator import asm_text, bf16_bits, run_ptx
+from ptx_emulator import bf16_bits, run_ptx
 
 D = importlib.import_module("kolibri_trt_plugins._e4m3_decode")
 NAN_CODES = (0x7F, 0xFF)
@@ -12,7 +12,7 @@ NAN_CODES = (0x7F, 0xFF)
 
 def _decode(word: int) -> list[int]:
     """The four bf16 bit patterns the PTX makes of a word of four e4m3 bytes (element order)."""
-    regs = run_ptx(asm_text(D.__file__, "e4m3_to_bf16"), {"$2": word})
+    regs = run_ptx(D.E4M3_BF16_ASM.value, {"$2": word})
     return [(regs["$0"] >> s) & 0xFFFF for s in (0, 16)] + \
            [(regs["$1"] >> s) & 0xFFFF for s in (0, 16)]
 

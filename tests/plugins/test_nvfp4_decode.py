@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 import torch
-from ptx_emulator import asm_text, bf16_bits, run_ptx
+from ptx_emulator import bf16_bits, run_ptx
 
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.nvfp4_gemv import E2M1_VALUES, nvfp4_gemv
@@ -22,7 +22,7 @@ def _sb(scale: float) -> int:
 
 
 def _decode(word: int, s01: int, s23: int) -> tuple[list[int], list[int]]:
-    regs = run_ptx(asm_text(NV.__file__, "_e2m1_pairs_to_bf16"),
+    regs = run_ptx(NV.E2M1_BF16_ASM.value,
                    {"$4": word, "$5": s01, "$6": s23})
     halves = lambda a, b: [(regs[a] >> 0) & 0xFFFF, regs[a] >> 16, regs[b] & 0xFFFF,  # noqa: E731
                            regs[b] >> 16]
