@@ -133,12 +133,20 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
         acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc)
         slot = (slot + 1) % STAGES
     async_copy.wait_group(0)
+    _store_tile(acc, y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
+
+
+@gluon.jit
+def _store_tile(acc, y_ptr, scale, M, N, n0, m0, s, SPLIT: gl.constexpr):
+    """acc [64, MT] fp32 (y^T of weight rows n0.., x rows m0..) -> y [M, N] bf16 times scale
+    (SPLIT 1), else unscaled into the partials [SPLIT, M, N] at K range s."""
+    acc_l: gl.constexpr = acc.type.layout
     orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
-    om = m0 + gl.arange(0, MT, layout=gl.SliceLayout(0, acc_l))
+    om = m0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc_l))
     omask = (om < M)[None, :] & (orr < N)[:, None]
     if SPLIT == 1:
-        y = (acc * gl.load(s_ptr)).to(gl.bfloat16)
-        gl.store(y_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], y, mask=omask)
+        gl.store(y_ptr + om.to(gl.int64)[None, :] * N + orr[:, None],
+                 (acc * scale).to(gl.bfloat16), mask=omask)
     else:
         p_ptr = y_ptr + s.to(gl.int64) * M * N
         gl.store(p_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], acc, mask=omask)

@@ -33,8 +33,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from gluon_gemv_probe import (SHARED_BUDGET, _to_logical, check_case, finish,  # noqa: E402
-                              print_aot, probe_main, storage_layout, tile_rows, time_rows)
+from gluon_gemv_probe import (SHARED_BUDGET, _store_tile, _to_logical, check_case,  # noqa: E402
+                              finish, print_aot, probe_main, storage_layout, tile_rows, time_rows)
 from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_ASM  # noqa: E402
 
 BK = 256                          # K per step (128 bytes, 16 scales per row)
@@ -142,15 +142,7 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
         acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc)
         slot = (slot + 1) % STAGES
     async_copy.wait_group(0)
-    orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
-    om = m0 + gl.arange(0, MT, layout=gl.SliceLayout(0, acc_l))
-    omask = (om < M)[None, :] & (orr < N)[:, None]
-    if SPLIT == 1:
-        y = (acc * (gl.load(gs_ptr) * 65536.0)).to(gl.bfloat16)
-        gl.store(y_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], y, mask=omask)
-    else:
-        p_ptr = y_ptr + s.to(gl.int64) * M * N
-        gl.store(p_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], acc, mask=omask)
+    _store_tile(acc, y_ptr, gl.load(gs_ptr) * 65536.0, M, N, n0, m0, s, SPLIT)
 
 
 def to_storage(weight: torch.Tensor) -> torch.Tensor:
