@@ -17,7 +17,7 @@ wgmma and mma.sync give other bits for the same sum (bench/results/h200-2026-12-
 such a kernel could only replace fp8_gemv at every row count of a shape. On the GPU this
 prints, per shape (QKV 3584x2560, o_proj 2560x2560, per-tensor scale): the relative error
 against fp8_gemv_ref, the batch invariance, and µs at M = 1-144 for fp8_gemv and the probe in
-each (SPLIT, BK) setting, timed as bench/plugins.py (a CUDA graph over enough weight copies to
+each (SPLIT, BK, ASYNC) setting, timed as bench/plugins.py (a CUDA graph over enough weight copies to
 defeat L2). Results as JSON under --out.
 """
 
@@ -35,14 +35,17 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                               warpgroup_mma_init,
+                                                               warpgroup_mma_wait)
 
 from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_ASM
 
 BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
 SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
 ROWS = (1, 4, 8, 16, 32, 64, 80, 128, 144)
-SETTINGS = ((1, 128), (2, 128), (4, 128), (5, 128), (1, 256), (5, 256))   # (SPLIT, BK)
+SETTINGS = ((1, 128, False), (2, 128, False), (4, 128, False), (5, 128, False), (1, 256, False),
+            (5, 256, False), (1, 128, True), (4, 128, True))   # (SPLIT, BK, ASYNC)
 REL_TOL = 2e-2    # bf16 output against the fp32 reference: a few bf16 ulps (2^-8) of the norm
 
 
@@ -85,12 +88,16 @@ def _to_logical(t, BK: gl.constexpr):
 @gluon.jit
 def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
                 MT: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr,
-                WL: gl.constexpr, STAGES: gl.constexpr):
+                WL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False):
     """y [M, N] bf16 = scale · x [M, K] · W[N, K]^T (SPLIT 1), else fp32 partials [SPLIT, M, N]
     of the K ranges [s·K_PART, (s+1)·K_PART) (y_ptr then the partial buffer). w_ptr holds W
     with each BK block of a row in storage order (`to_storage`). W's and x's tiles come in
-    through a ring of STAGES shared buffers by cp.async; W's is read back 16 bytes at a time
-    in WL, decoded and relabelled into wgmma's A registers, x's is wgmma's B."""
+    through a ring of STAGES shared buffers by cp.async, D = STAGES - 1 steps ahead; W's is
+    read back 16 bytes at a time in WL, decoded and relabelled into wgmma's A registers, x's
+    is wgmma's B. ASYNC: each step's wgmma runs on while the next step's copies are issued and
+    its W tile is read from shared memory, and is waited for before the decode (which may
+    reuse its A registers: ptxas does not keep them alive, AOT sm_90); the copies run D =
+    STAGES - 2 ahead so that a slot is refilled only after its wgmma ended."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, MT, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -113,25 +120,33 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
     acc = gl.zeros([64, MT], gl.float32, layout=acc_l)
     k_lo = s * K_PART
     k_last = k_lo + K_PART - BK
-    for i in gl.static_range(STAGES - 1):   # past the range: the last step again (unused)
+    D: gl.constexpr = STAGES - 2 if ASYNC else STAGES - 1    # steps the copies run ahead
+    for i in gl.static_range(D):            # past the range: the last step again (unused)
         kk = gl.minimum(k_lo + i * BK, k_last)
         async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + kk)
         async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + kk)
         async_copy.commit_group()
     slot = 0
+    if ASYNC:
+        acc = warpgroup_mma_init(acc)       # the loop carries the in-flight accumulator
     for k0 in range(k_lo, k_lo + K_PART, BK):
-        async_copy.wait_group(STAGES - 2)   # this thread's copies of this step have landed,
+        async_copy.wait_group(D - 1)        # this thread's copies of this step have landed,
         fence_async_shared()                # are visible to wgmma's (async proxy) reads,
         gl.thread_barrier()                 # for every thread; the last step's reads are done
-        nxt = (slot + STAGES - 1) % STAGES
-        kk = gl.minimum(k0 + (STAGES - 1) * BK, k_last)
+        nxt = (slot + D) % STAGES
+        kk = gl.minimum(k0 + D * BK, k_last)
         async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + kk)
         async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + kk)
         async_copy.commit_group()
-        w = _to_logical(_e4m3_to_bf16(w_ring.index(slot).load(WL)), BK)
+        raw = w_ring.index(slot).load(WL)
+        if ASYNC:   # the last step's wgmma reads its A registers until here: decode after it
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        w = _to_logical(_e4m3_to_bf16(raw), BK)
         a = gl.convert_layout(w, a_l, assert_trivial=True)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=ASYNC)
         slot = (slot + 1) % STAGES
+    if ASYNC:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
     _store_tile(acc, y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
 
@@ -178,7 +193,7 @@ def stages_for(mt: int, bk: int) -> int:
     return max(2, min(4, SHARED_BUDGET // (64 * bk + mt * bk * 2)))
 
 
-def wgmma_gemv(x, w_stored, scale, split: int, bk: int):
+def wgmma_gemv(x, w_stored, scale, split: int, bk: int, is_async: bool = False):
     """The probe's y bf16 [M, N] from W in storage order (`to_storage(W, bk)`); fp8_gemv's
     reduce sums the K ranges for split > 1."""
     from kolibri_trt_plugins._gemv_fusion import NO_FUSION
@@ -192,18 +207,20 @@ def wgmma_gemv(x, w_stored, scale, split: int, bk: int):
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     out = y if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
     _wgmma_gemv[grid](w_stored, x, scale, out, M, N, K, K // split, MT=mt, BK=bk, SPLIT=split,
-                      WL=storage_layout(bk), STAGES=stages_for(mt, bk), num_warps=4)
+                      WL=storage_layout(bk), STAGES=stages_for(mt, bk), ASYNC=is_async,
+                      num_warps=4)
     if split > 1:
         launch_reduce(out, scale, y, NO_FUSION, 0, False)
     return y
 
 
-def aot(mt: int, bk: int, split: int):
+def aot(mt: int, bk: int, split: int, is_async: bool = False):
     sig = dict(w_ptr="*fp8e4nv", x_ptr="*bf16", s_ptr="*fp32", y_ptr="*bf16", M="i32",
                N="i32", K="i32", K_PART="i32", MT="constexpr", BK="constexpr",
-               SPLIT="constexpr", WL="constexpr", STAGES="constexpr")
+               SPLIT="constexpr", WL="constexpr", STAGES="constexpr", ASYNC="constexpr")
     src = GluonASTSource(_wgmma_gemv, sig, constexprs=dict(
-        MT=mt, BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk)),
+        MT=mt, BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk),
+        ASYNC=is_async),
         attrs={(k,): [["tt.divisibility", 16]] for k in range(8)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 
@@ -282,8 +299,9 @@ def run_aot() -> int:
     for bk in (128, 256):
         check_relabel(bk)
     print("to_storage inverts _to_logical at BK 128 and 256", flush=True)
-    for mt, bk in ((8, 128), (8, 256), (32, 128), (64, 128), (128, 128)):
-        print_aot(f"MT {mt:3d} BK {bk}", aot(mt, bk, 1))
+    for mt, bk, is_async in ((8, 128, False), (8, 256, False), (32, 128, False),
+                             (64, 128, False), (128, 128, False), (8, 128, True), (64, 128, True)):
+        print_aot(f"MT {mt:3d} BK {bk}" + (" async" if is_async else ""), aot(mt, bk, 1, is_async))
     return 0
 
 
@@ -297,18 +315,19 @@ def run_gpu(out: pathlib.Path) -> int:
         g = torch.Generator(device="cuda").manual_seed(0)
         ws = [(torch.randn((N, K), generator=g, device="cuda").to(torch.float8_e4m3fn),
                torch.tensor([0.02], device="cuda")) for _ in range(sets_for(N * K))]
-        stored = {bk: [(to_storage(w, bk), s) for w, s in ws] for bk in {b for _, b in SETTINGS}}
+        stored = {bk: [(to_storage(w, bk), s) for w, s in ws] for bk in {c[1] for c in SETTINGS}}
         x_all = torch.randn((144, K), generator=g, device="cuda").bfloat16()
         ref = fp8_gemv_ref(x_all, *ws[0]).float()
         calls = {"fp8_gemv": (fp8_gemv, ws)}
-        for split, bk in SETTINGS:
-            def fn(x, w, s, split=split, bk=bk):
-                return wgmma_gemv(x, w, s, split, bk)
-            rec, ok = check_case(f"{name} SPLIT {split} BK {bk}",
-                                 lambda x, w0=stored[bk][0]: fn(x, *w0), x_all, ref)
-            results.append(dict(shape=name, split=split, bk=bk, **rec))
+        for split, bk, is_async in SETTINGS:
+            def fn(x, w, s, split=split, bk=bk, is_async=is_async):
+                return wgmma_gemv(x, w, s, split, bk, is_async)
+            tag = f"s{split}_bk{bk}" + ("_async" if is_async else "")
+            rec, ok = check_case(f"{name} {tag}", lambda x, w0=stored[bk][0]: fn(x, *w0), x_all,
+                                 ref)
+            results.append(dict(shape=name, split=split, bk=bk, is_async=is_async, **rec))
             bad += not ok
-            calls[f"wgmma_s{split}_bk{bk}"] = (fn, stored[bk])
+            calls[f"wgmma_{tag}"] = (fn, stored[bk])
         results += time_rows(name, x_all, calls)
         del ws, stored, calls
         torch.cuda.empty_cache()

@@ -10,8 +10,8 @@
 #   PART=gw bash bench/gpu_session.sh   FP8 and NVFP4 GEMVs on wgmma at every row count, in
 #       Gluon (bench/gluon_gemv_probe.py, bench/gluon_nvfp4_probe.py: weights in storage
 #       order, cp.async ring, decoded weights as wgmma's register A): error against the
-#       references, batch invariance, µs at 1-144 rows against fp8_gemv (QKV, o_proj; 6
-#       (SPLIT, BK) settings) and nvfp4_gemv (LM head, drafter head; SPLIT 1, 2) (~7 min).
+#       references, batch invariance, µs at 1-144 rows against fp8_gemv (QKV, o_proj; 8
+#       (SPLIT, BK, ASYNC) settings) and nvfp4_gemv (LM head, drafter head; SPLIT 1, 2) (~8 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
