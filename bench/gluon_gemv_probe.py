@@ -5,20 +5,24 @@ does it keep fp8_gemv's one-row speed and beat it at 32-144 rows?
     python3 bench/gluon_gemv_probe.py --aot          # here, no GPU: compile for sm_90, count SASS
     python3 bench/gluon_gemv_probe.py --out DIR      # on the H200: check, then time
 
-The tile computes y^T [64, MT] = W [64, K] · x^T for 64 weight rows and MT (8-128) rows of x:
-W's e4m3 bytes are loaded straight into the register layout of wgmma's A operand (bf16, k
-width 2), decoded there by bit placement (fp8_gemv's DECODE 3), x's tile goes through shared memory as B. Per K step of BK the
-program issues BK / 16 wgmma (m64nMTk16); SPLIT > 1 K ranges write fp32 partials [S, M, N] that
-fp8_gemv's reduce kernel sums in order (plugins/_gemv_reduce.py), so the sum order of a row is
-a function of (N, K, SPLIT, BK) only, never of M or MT, if wgmma's per-column maths does not
-depend on its N (checked here: row 0 alone against inside 16, 64 and 144 rows).
+The tile computes y^T [64, MT] = W [64, K] · x^T for 64 weight rows and MT (8-128) rows of x
+with 4 warps (one warpgroup). W's e4m3 bytes are stored with each block of BK columns
+permuted (`to_storage`, once, as an engine would at load time); W's and x's tiles come in
+through a cp.async ring; each thread reads 16-byte pieces of W's tile from shared memory
+(`storage_layout`), decodes them by bit placement (fp8_gemv's DECODE 3) and a reshape and
+permute (`_to_logical`) relabels them as wgmma's register A operand (a trivial layout
+conversion: no data moves); x's tile is wgmma's B. Per K step of BK the program issues BK / 16
+wgmma (m64nMTk16); SPLIT > 1 K ranges write fp32 partials [S, M, N] that fp8_gemv's reduce
+kernel sums in order (plugins/_gemv_reduce.py), so the sum order of a row is a function of (N,
+K, SPLIT, BK) only, never of M or MT, if wgmma's per-column maths does not depend on its N
+(checked here: row 0 alone against inside 16, 64 and 144 rows).
 
 wgmma and mma.sync give other bits for the same sum (bench/results/h200-2026-12-02d/wb/), so
 such a kernel could only replace fp8_gemv at every row count of a shape. On the GPU this
 prints, per shape (QKV 3584x2560, o_proj 2560x2560, per-tensor scale): the relative error
 against fp8_gemv_ref, the batch invariance, and µs at M = 1-144 for fp8_gemv and the probe in
-each (SPLIT, BK, ASYNC) setting, timed as bench/plugins.py (a CUDA graph over enough weight copies to
-defeat L2). Results as JSON under --out.
+each (SPLIT, BK, ASYNC) setting, timed as bench/plugins.py (a CUDA graph over enough weight
+copies to defeat L2). Results as JSON under --out.
 """
 
 from __future__ import annotations
