@@ -15,7 +15,8 @@ by bench/gluon_gemv_probe.py's `_to_logical` at BK 256 (the same bit order: k1, 
 k2, k4). The scales are expanded to the bytes' layout by a join and a lane broadcast (no data
 moves). The decode is nvfp4_gemv's DECODE 3 (bit placement, scale product in bf16, the fp32
 result times 2^16 · weight_scale_2). On the GPU: relative error against nvfp4_gemv_ref, row 0
-alone against inside 16 / 64 / 144 rows, µs at 1-144 rows against nvfp4_gemv; JSON under --out.
+alone against inside 16 / 64 / 144 rows, µs at 1-144 rows against nvfp4_gemv in each (SPLIT,
+ASYNC) setting; JSON under --out.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                               warpgroup_mma_init,
+                                                               warpgroup_mma_wait)
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from gluon_gemv_probe import (SHARED_BUDGET, _store_tile, _to_logical, check_case,  # noqa: E402
@@ -39,7 +42,7 @@ from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_ASM  # noqa: E402
 
 BK = 256                          # K per step (128 bytes, 16 scales per row)
 SHAPES = {"lm_head": (131072, 2560), "drafter_head": (60614, 2560)}
-SPLITS = (1, 2)
+SETTINGS = ((1, False), (2, False), (1, True))   # (SPLIT, ASYNC: as gluon_gemv_probe's)
 PAIR_BITS = (2, 3, 4, 5, 6, 0, 1)   # pair bit held by storage byte bit i (BK 256)
 SCALE_LAYOUT = gl.DistributedLinearLayout(   # [64, 16] scales: a row's 16 in one thread
     reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
@@ -86,7 +89,7 @@ def _scales_to_bytes(sb, WB: gl.constexpr, L3: gl.constexpr):
 @gluon.jit
 def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS,
                  MT: gl.constexpr, SPLIT: gl.constexpr, WB: gl.constexpr, SL: gl.constexpr,
-                 L3: gl.constexpr, STAGES: gl.constexpr):
+                 L3: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False):
     """y [M, N] bf16 (SPLIT 1) or fp32 partials [SPLIT, M, N] (unscaled by weight_scale_2 ·
     2^16: the probe's host code applies it) of x · W^T, W in storage order (`to_storage`);
     program_id(2) takes STEPS steps of 256 columns. sw_n = K/2 and ss_n = K/16 (the row
@@ -118,29 +121,37 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
     acc = gl.zeros([64, MT], gl.float32, layout=acc_l)
     j_lo = s * STEPS
     j_last = j_lo + STEPS - 1
-    for i in gl.static_range(STAGES - 1):   # past the range: the last step again (unused)
+    D: gl.constexpr = STAGES - 2 if ASYNC else STAGES - 1    # steps the copies run ahead
+    for i in gl.static_range(D):            # past the range: the last step again (unused)
         j = gl.minimum(j_lo + i, j_last)
         async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + j * 128)
         async_copy.async_copy_global_to_shared(s_ring.index(i), s_tile + j * 16)
         async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + j * 256)
         async_copy.commit_group()
+    if ASYNC:
+        acc = warpgroup_mma_init(acc)
     slot = 0
     for j0 in range(j_lo, j_lo + STEPS):
-        async_copy.wait_group(STAGES - 2)
+        async_copy.wait_group(D - 1)
         fence_async_shared()
         gl.thread_barrier()
-        nxt = (slot + STAGES - 1) % STAGES
-        j = gl.minimum(j0 + STAGES - 1, j_last)
+        nxt = (slot + D) % STAGES
+        j = gl.minimum(j0 + D, j_last)
         async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + j * 128)
         async_copy.async_copy_global_to_shared(s_ring.index(nxt), s_tile + j * 16)
         async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + j * 256)
         async_copy.commit_group()
-        sb = _scale_to_bf16(s_ring.index(slot).load(SL))
-        lo, hi = _e2m1_pairs_to_bf16(w_ring.index(slot).load(WB), _scales_to_bytes(sb, WB, L3))
+        raw = w_ring.index(slot).load(WB)
+        sraw = s_ring.index(slot).load(SL)
+        if ASYNC:   # the decode may reuse the last wgmma's A registers (gluon_gemv_probe)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        lo, hi = _e2m1_pairs_to_bf16(raw, _scales_to_bytes(_scale_to_bf16(sraw), WB, L3))
         w = _to_logical(gl.reshape(gl.join(lo, hi), [64, 256]), 256)
         a = gl.convert_layout(w, a_l, assert_trivial=True)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=ASYNC)
         slot = (slot + 1) % STAGES
+    if ASYNC:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
     _store_tile(acc, y_ptr, gl.load(gs_ptr) * 65536.0, M, N, n0, m0, s, SPLIT)
 
@@ -168,7 +179,7 @@ def stages_for(mt: int) -> int:
     return max(2, min(4, SHARED_BUDGET // (64 * 128 + 64 * 16 + mt * 512)))
 
 
-def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int):
+def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int, is_async: bool = False):
     """The probe's y bf16 [M, N]; split > 1: fp32 partials summed in order here (torch)."""
     M, K = x.shape
     N = w_stored.shape[0]
@@ -181,7 +192,7 @@ def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int):
     _wgmma_nvfp4[grid](w_stored, weight_scale, weight_scale_2, x, out, M, N, K, K // 2, K // 16,
                        K // (split * BK),
                        MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT,
-                       L3=BCAST_LAYOUT, STAGES=stages_for(mt), num_warps=4)
+                       L3=BCAST_LAYOUT, STAGES=stages_for(mt), ASYNC=is_async, num_warps=4)
     if split == 1:
         return out
     total = out[0]
@@ -190,22 +201,24 @@ def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int):
     return (total * (weight_scale_2 * 65536.0)).to(torch.bfloat16)
 
 
-def aot(mt: int, split: int):
+def aot(mt: int, split: int, is_async: bool = False):
     sig = dict(w_ptr="*u8", ws_ptr="*fp8e4nv", gs_ptr="*fp32", x_ptr="*bf16", y_ptr="*bf16",
                M="i32", N="i32", K="i32", sw_n="i32", ss_n="i32", STEPS="i32",
                MT="constexpr", SPLIT="constexpr",
-               WB="constexpr", SL="constexpr", L3="constexpr", STAGES="constexpr")
+               WB="constexpr", SL="constexpr", L3="constexpr", STAGES="constexpr",
+               ASYNC="constexpr")
     src = GluonASTSource(_wgmma_nvfp4, sig, constexprs=dict(
         MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT, L3=BCAST_LAYOUT,
-        STAGES=stages_for(mt)), attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
+        STAGES=stages_for(mt), ASYNC=is_async),
+        attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 
 
 def run_aot() -> int:
     check_relabel()
     print("to_storage and the relabelling pair every logical column with its nibble")
-    for mt in (8, 32, 64, 128):
-        print_aot(f"MT {mt:3d}", aot(mt, 1))
+    for mt, is_async in ((8, False), (32, False), (64, False), (128, False), (8, True)):
+        print_aot(f"MT {mt:3d}" + (" async" if is_async else ""), aot(mt, 1, is_async))
     return 0
 
 
@@ -221,14 +234,14 @@ def run_gpu(out: pathlib.Path) -> int:
         x_all = torch.randn((144, K), device="cuda").bfloat16()
         ref = nvfp4_gemv_ref(x_all, *ws[0]).float()
         calls = {"nvfp4_gemv": (nvfp4_gemv, ws)}
-        for split in SPLITS:
-            def fn(x, w, s, s2, split=split):
-                return wgmma_nvfp4(x, w, s, s2, split)
-            rec, ok = check_case(f"{name} SPLIT {split}", lambda x, w0=stored[0]: fn(x, *w0),
-                                 x_all, ref)
-            results.append(dict(shape=name, split=split, **rec))
+        for split, is_async in SETTINGS:
+            def fn(x, w, s, s2, split=split, is_async=is_async):
+                return wgmma_nvfp4(x, w, s, s2, split, is_async)
+            tag = f"s{split}" + ("_async" if is_async else "")
+            rec, ok = check_case(f"{name} {tag}", lambda x, w0=stored[0]: fn(x, *w0), x_all, ref)
+            results.append(dict(shape=name, split=split, is_async=is_async, **rec))
             bad += not ok
-            calls[f"wgmma_s{split}"] = (fn, stored)
+            calls[f"wgmma_{tag}"] = (fn, stored)
         results += time_rows(name, x_all, calls)
         del ws, stored, calls
         torch.cuda.empty_cache()
