@@ -104,7 +104,6 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
     STAGES - 2 ahead so that a slot is refilled only after its wgmma ended."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, MT, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [512 // BK, BK // 16], [4, 1], [1, 0])
     xcp_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BK, BK // 8], [4, 1], [1, 0])
     ws_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=BK // 16,
@@ -145,14 +144,27 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
         raw = w_ring.index(slot).load(WL)
         if ASYNC:   # the last step's wgmma reads its A registers until here: decode after it
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        w = _to_logical(_e4m3_to_bf16(raw), BK)
-        a = gl.convert_layout(w, a_l, assert_trivial=True)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=ASYNC)
+        acc = _issue_mma(_to_logical(_e4m3_to_bf16(raw), BK), x_ring.index(slot), acc, ASYNC)
         slot = (slot + 1) % STAGES
+    _store_tile(_drain(acc, ASYNC), y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
+
+
+@gluon.jit
+def _issue_mma(w, xs, acc, ASYNC: gl.constexpr):
+    """acc += w · xs^T: w bf16 [64, BK] relabelled (`_to_logical`; a trivial conversion to
+    wgmma's register A layout), xs x's [MT, BK] tile in shared memory (B, transposed view)."""
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    a = gl.convert_layout(w, a_l, assert_trivial=True)
+    return warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=ASYNC)
+
+
+@gluon.jit
+def _drain(acc, ASYNC: gl.constexpr):
+    """The accumulator once the last wgmma (ASYNC) and every cp.async have completed."""
     if ASYNC:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
-    _store_tile(acc, y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
+    return acc
 
 
 @gluon.jit

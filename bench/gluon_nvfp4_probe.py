@@ -31,13 +31,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared,
                                                                warpgroup_mma_init,
                                                                warpgroup_mma_wait)
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from gluon_gemv_probe import (SHARED_BUDGET, _store_tile, _to_logical, check_case,  # noqa: E402
-                              finish, print_aot, probe_main, storage_layout, tile_rows, time_rows)
+from gluon_gemv_probe import (SHARED_BUDGET, _drain, _issue_mma, _store_tile,  # noqa: E402
+                              _to_logical, check_case, finish, print_aot, probe_main,
+                              storage_layout, tile_rows, time_rows)
 from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_ASM  # noqa: E402
 
 BK = 256                          # K per step (128 bytes, 16 scales per row)
@@ -96,7 +97,6 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
     strides, as arguments so that they are known divisible by 16: 16-byte cp.async)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, MT, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])     # [64, 128] B
     cs_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])    # [64, 16] B
     xcp_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])    # [MT, 256]
@@ -147,13 +147,9 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         lo, hi = _e2m1_pairs_to_bf16(raw, _scales_to_bytes(_scale_to_bf16(sraw), WB, L3))
         w = _to_logical(gl.reshape(gl.join(lo, hi), [64, 256]), 256)
-        a = gl.convert_layout(w, a_l, assert_trivial=True)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=ASYNC)
+        acc = _issue_mma(w, x_ring.index(slot), acc, ASYNC)
         slot = (slot + 1) % STAGES
-    if ASYNC:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    async_copy.wait_group(0)
-    _store_tile(acc, y_ptr, gl.load(gs_ptr) * 65536.0, M, N, n0, m0, s, SPLIT)
+    _store_tile(_drain(acc, ASYNC), y_ptr, gl.load(gs_ptr) * 65536.0, M, N, n0, m0, s, SPLIT)
 
 
 def to_storage(weight: torch.Tensor) -> torch.Tensor:
