@@ -39,7 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from gluon_gemv_probe import (SHARED_BUDGET, _drain, _issue_mma, _store_tile,  # noqa: E402
                               _to_logical, check_case, finish, print_aot, probe_main,
                               storage_layout, tile_rows, time_rows)
-from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_ASM  # noqa: E402
+from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_PTX  # noqa: E402
 
 BK = 256                          # K per step (128 bytes, 16 scales per row)
 SHAPES = {"lm_head": (131072, 2560), "drafter_head": (60614, 2560)}
@@ -53,6 +53,9 @@ BCAST_LAYOUT = gl.DistributedLinearLayout(   # [64, 4, 32]: the byte layout, pai
     reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
     lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
     warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 32])
+
+
+E2M1_BF16_ASM = gl.constexpr(E2M1_BF16_PTX)
 
 
 @gluon.jit

@@ -27,6 +27,14 @@ except Exception:  # pragma: no cover - exercised only where triton is absent
     tl = None
     HAVE_TRITON = False
 
+
+
+def ptx_constant(text: str):
+    """Inline PTX text as a global a Triton kernel may read (tl.constexpr); the plain string
+    where Triton is absent (the torch reference path never reads it)."""
+    return tl.constexpr(text) if HAVE_TRITON else text
+
+
 PDL_MODES = ("0", "1", "2", "3", "4")
 PDL = os.environ.get("KOLIBRI_PDL", "4")
 if PDL not in PDL_MODES:

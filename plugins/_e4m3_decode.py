@@ -24,16 +24,17 @@ emulator over every code; bench/decode_ab.py compares it with the conversion on 
 
 from __future__ import annotations
 
-from ._common import jit, tl
+from ._common import jit, ptx_constant, tl
 
 DECODES = (1, 3)   # the modes e4m3_to_bf16 takes
 # DECODE 3's PTX: four e4m3 bytes in $2 -> four bf16 in $0, $1 (also bench/gluon_gemv_probe.py)
-E4M3_BF16_ASM = tl.constexpr(
+E4M3_BF16_PTX = (
     "{ .reg .b32 r, z, k; mov.b32 z, 0; mov.b32 k, 0x7B807B80; "
     "prmt.b32 r, $2, z, 0x9180; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
     "mul.rn.bf16x2 $0, r, k; "
     "prmt.b32 r, $2, z, 0xB3A2; shl.b32 r, r, 4; and.b32 r, r, 0x87F087F0; "
     "mul.rn.bf16x2 $1, r, k; }")
+_E4M3_BF16_ASM = ptx_constant(E4M3_BF16_PTX)
 
 
 def check_decode(owner: str, decode) -> None:
@@ -48,6 +49,7 @@ def e4m3_to_bf16(w, DECODE: tl.constexpr):
     conversion (1; also the interpreter's path). NaN codes (0x7F, 0xFF) are not handled by
     DECODE 3; FP8 weights never hold them."""
     if DECODE == 3:
-        return tl.inline_asm_elementwise(E4M3_BF16_ASM, "=r,=r,r", [w.to(tl.uint8, bitcast=True)],
-                                         dtype=tl.bfloat16, is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(_E4M3_BF16_ASM, "=r,=r,r",
+                                         [w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16,
+                                         is_pure=True, pack=4)
     return w.to(tl.bfloat16)

@@ -22,7 +22,7 @@ import torch
 
 from ._common import (NAMESPACE, cdiv, check_scalar_tensor, check_tensor, jit, kernel_path,
                       launch, tl)
-from ._common import early_launch, pdl_enter, pdl_release
+from ._common import early_launch, pdl_enter, pdl_release, ptx_constant
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._gemv_fusion import _col_rstd, tile_rstds
@@ -73,7 +73,7 @@ def _e2m1_pairs_to_e4m3(wq, USE_ASM: tl.constexpr):
 
 # DECODE 3's PTX: four packed bytes in $4 and their bf16 scales in $5, $6 -> the low nibbles
 # in $0, $1 and the high ones in $2, $3 (also bench/gluon_nvfp4_probe.py)
-E2M1_BF16_ASM = tl.constexpr(
+E2M1_BF16_PTX = (
     "{ .reg .b32 p, w, z, k; mov.b32 z, 0; mov.b32 k, 0x81C081C0; shl.b32 w, $4, 4; "
     "prmt.b32 p, w, z, 0x9180; shl.b32 p, p, 2; and.b32 p, p, k; "
     "mul.rn.bf16x2 $0, p, $5; "
@@ -83,6 +83,7 @@ E2M1_BF16_ASM = tl.constexpr(
     "mul.rn.bf16x2 $2, p, $5; "
     "prmt.b32 p, $4, z, 0xB3A2; shl.b32 p, p, 2; and.b32 p, p, k; "
     "mul.rn.bf16x2 $3, p, $6; }")
+_E2M1_BF16_ASM = ptx_constant(E2M1_BF16_PTX)
 
 
 @jit
@@ -100,7 +101,7 @@ def _e2m1_pairs_to_bf16(wq, sb, USE_ASM: tl.constexpr):
     (plugins/_e4m3_decode.py). Per 8 weights 17 instructions, no conversion-unit ones (DECODE
     2, the default until 7cfa311, placed the signs by shifts and lop3: 22)."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r", [wq, sb],
+        lo, hi = tl.inline_asm_elementwise(_E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r", [wq, sb],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
                                            pack=4)
     else:  # the same values by arithmetic (the interpreter flushes bf16 subnormals)

@@ -12,7 +12,7 @@ NAN_CODES = (0x7F, 0xFF)
 
 def _decode(word: int) -> list[int]:
     """The four bf16 bit patterns the PTX makes of a word of four e4m3 bytes (element order)."""
-    regs = run_ptx(D.E4M3_BF16_ASM.value, {"$2": word})
+    regs = run_ptx(D.E4M3_BF16_PTX, {"$2": word})
     return [(regs["$0"] >> s) & 0xFFFF for s in (0, 16)] + \
            [(regs["$1"] >> s) & 0xFFFF for s in (0, 16)]
 

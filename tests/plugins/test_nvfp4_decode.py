@@ -22,7 +22,7 @@ def _sb(scale: float) -> int:
 
 
 def _decode(word: int, s01: int, s23: int) -> tuple[list[int], list[int]]:
-    regs = run_ptx(NV.E2M1_BF16_ASM.value,
+    regs = run_ptx(NV.E2M1_BF16_PTX,
                    {"$4": word, "$5": s01, "$6": s23})
     halves = lambda a, b: [(regs[a] >> 0) & 0xFFFF, regs[a] >> 16, regs[b] & 0xFFFF,  # noqa: E731
                            regs[b] >> 16]
