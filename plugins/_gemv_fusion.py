@@ -1,6 +1,15 @@
 """The fused prologue and epilogue of the GEMV kernels (fp8_gemv): the drafter's glue around a
-linear, done in the linear's own program (plugins/fp8_gemv.py's docstring gives the maths).
+linear, done in the linear's own program, each step the bf16 torch op it replaces (fp32 inside,
+rounded to bf16 where torch rounds):
+- ``norm``: x is first RMS-normalised per row with a bf16 gain [K]
+  (``bf16((x·rsqrt(mean(x²) + eps))·gain)``, add_rms_norm's maths; the row's Σx² is walked in
+  BLOCK_K chunks, so its order is a function of K only);
+- ``residual``: y = bf16(y + r) (torch's bf16 add);
+- ``act="silu"``: y = bf16(y / (1 + exp(-y))) after the residual (F.silu on bf16);
+- ``act="swiglu"``: the weight's rows interleave gate and up (row 2i gate_i, 2i+1 up_i;
+  ``fp8_gemv.interleave_rows``) and y[:, i] = bf16(bf16(silu(g_i)) · u_i), [M, N/2].
 
+The pieces:
 - `_row_rstd` / `_col_rstd`: per row (and per segment of K) rsqrt(mean(x²) + eps), the RMSNorm
   applied to x as it is loaded (add_rms_norm's maths: fp32 Σx² in a fixed order, times 1/len);
 - `_store_out`: bf16 rounding of the product, then SwiGLU over interleaved gate/up columns, or

@@ -15,15 +15,9 @@ K range s (plugins/_split_k.py) and stores fp32 partials [S, M, N] (block scales
 in registers); ``_gemv_reduce.launch_reduce`` sums them in the order s = 0..S-1, applies the
 per-tensor / per-channel scale and rounds to bf16. S is a function of (N, K) only.
 
-Fused prologue and epilogue (``fp8_gemv(..., norm=, act=, residual=)``, the drafter's glue;
-each step the bf16 torch op it replaces, fp32 inside, rounded to bf16 where torch rounds):
-- ``norm``: x is first RMS-normalised per row with a bf16 gain [K]
-  (``bf16((x·rsqrt(mean(x²) + eps))·gain)``, add_rms_norm's maths; the row's Σx² is walked in
-  BLOCK_K chunks, so its order is a function of K only);
-- ``residual``: y = bf16(y + r) (torch's bf16 add);
-- ``act="silu"``: y = bf16(y / (1 + exp(-y))) after the residual (F.silu on bf16);
-- ``act="swiglu"``: the weight's rows interleave gate and up (row 2i gate_i, 2i+1 up_i;
-  ``interleave_rows``) and y[:, i] = bf16(bf16(silu(g_i)) · u_i), [M, N/2] (F.silu(g) * u).
+Fused prologue and epilogue (``fp8_gemv(..., norm=, act=, residual=)``, the drafter's glue:
+an RMSNorm of x, a residual add, silu or SwiGLU over interleaved gate/up rows, each the bf16
+torch op it replaces): the maths in plugins/_gemv_fusion.py.
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
-# 16-row tiles per program. One: past 16 rows each tile's program re-reads the weight tile from
-# L2 and more programs run (H200, the same bits: QKV M=64 25.5 -> 22.1 µs, h200-2026-11-30k/kf/).
+# 16-row tiles per program (one: more programs; H200 QKV M=64 25.5 -> 22.1 µs, 2026-11-30k/kf/)
 MAX_TILES = 1
 # Plain per-tensor GEMVs past SWAP_ROWS rows and at WIDE_ROWS: 32-wide N tiles, up to 4 row
 # tiles per program, each weight decoded once (H200, the same bits: QKV M=64 21.1 -> 13.1 µs,
@@ -58,9 +51,7 @@ TUNE = dict(num_warps=4, num_stages=3)  # launch config (bench/plugins.py sweeps
 DECODE = 3          # e4m3 -> bf16 on the GPU: 1 Triton's conversion, 3 bit placement (_e4m3_decode)
 # At most SWAP_ROWS rows (0: never) without a norm compute y^T = W·x^T, the weight tile the
 # MMA's A operand and the rows its N (one row tile per program, SWAP_TILES; the same bits).
-# H200 µs against the 16-row form (plugins/NOTES_HISTORY_2.md "Weights as the MMA's A operand";
-# plugins/NOTES.md "fp8_gemv's swapped form to 144 rows"): QKV at 1 / 64 / 144 rows
-# 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2.
+# H200, QKV at 1 / 64 / 144 rows 9.0 / 13.0 / 37.4 -> 7.0 / 12.1 / 22.2 µs (plugins/NOTES.md).
 SWAP_ROWS = 144
 # (up to M rows, rows per tile, num_warps, num_stages) of the swapped kernel, by M
 SWAP_TILES = ((8, 8, 1, 5), (32, 16, 1, 3), (64, 32, 1, 3), (144, 16, 1, 3))
@@ -71,11 +62,9 @@ SPLIT_K = None      # K splits: None = SPLIT_K_BY_SHAPE (else 1); an int forces 
 # (N, K) -> S where splitting wins on the H200 at every batch (bench/plugins.py --only
 # splitk_gemv). o_proj 2560x2560 took 3 until K blocks beat it (plugins/NOTES.md).
 SPLIT_K_BY_SHAPE = {}
-# Blocks per K step on as many warps (`_k_blocks`; every form's launch for the shape takes
-# num_warps = KB then; other bits than one accumulator's). None: K_BLOCKS_BY_SHAPE (else 1);
-# an int forces it (sweeps, tests). By (N, K), as split-K (batch invariance). H200, 2 blocks
-# against one (o_proj: 3 K ranges), µs at 1 / 64 rows: QKV 7.1 / 12.1 -> 5.5 / 12.1, o_proj
-# 6.6 / 11.7 -> 5.2 / 10.7 (bench/results/h200-2026-12-02d/kh/, ko/; plugins/NOTES.md).
+# Blocks per K step on as many warps (`_k_blocks`; other bits than one accumulator's), by (N, K)
+# as split-K; None: K_BLOCKS_BY_SHAPE (else 1), an int forces it. H200, µs at 1 / 64 rows: QKV
+# 7.1 / 12.1 -> 5.5 / 12.1, o_proj (3 K ranges) 6.6 / 11.7 -> 5.2 / 10.7 (h200-2026-12-02d/).
 K_BLOCKS = None
 K_BLOCKS_BY_SHAPE = {(3584, 2560): 2, (2560, 2560): 2}
 MODE_TENSOR, MODE_CHANNEL, MODE_BLOCK = 0, 1, 2
