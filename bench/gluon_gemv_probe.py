@@ -21,8 +21,8 @@ wgmma and mma.sync give other bits for the same sum (bench/results/h200-2026-12-
 such a kernel could only replace fp8_gemv at every row count of a shape. On the GPU this
 prints, per shape (QKV 3584x2560, o_proj 2560x2560, per-tensor scale): the relative error
 against fp8_gemv_ref, the batch invariance, and µs at M = 1-144 for fp8_gemv and the probe in
-each (SPLIT, BK, ASYNC) setting, timed as bench/plugins.py (a CUDA graph over enough weight
-copies to defeat L2). Results as JSON under --out.
+each (SPLIT, BK, ASYNC) setting, timed as bench/plugins.py --quick (a CUDA graph over enough
+weight copies to defeat L2). Results as JSON under --out.
 """
 
 from __future__ import annotations
@@ -302,7 +302,11 @@ def probe_main(doc: str, run_aot, run_gpu, default_out: str) -> int:
     ap.add_argument("--aot", action="store_true", help="compile for sm_90 here, no GPU")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(default_out))
     args = ap.parse_args()
-    return run_aot() if args.aot else run_gpu(args.out)
+    if args.aot:
+        return run_aot()
+    import plugin_timing
+    plugin_timing.ITERS, plugin_timing.REPEATS = 10, 3   # as bench/plugins.py --quick
+    return run_gpu(args.out)
 
 
 def finish(out: pathlib.Path, name: str, results: list, bad: int) -> int:

@@ -7,11 +7,12 @@
 # removed once their results were written up: each results README (bench/results/*/README.md) names the
 # commit whose bench/gpu_session.sh holds the part it ran.
 #
-#   PART=gw bash bench/gpu_session.sh   FP8 and NVFP4 GEMVs on wgmma at every row count, in
-#       Gluon (bench/gluon_gemv_probe.py, bench/gluon_nvfp4_probe.py: weights in storage
-#       order, cp.async ring, decoded weights as wgmma's register A): error against the
-#       references, batch invariance, µs at 1-144 rows against fp8_gemv (QKV, o_proj; 8
-#       (SPLIT, BK, ASYNC) settings) and nvfp4_gemv (LM head, drafter head; SPLIT 1, 2) (~8 min).
+#   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
+#       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
+#       as wgmma's register A): error against fp8_gemv_ref, batch invariance, µs at 1-144
+#       rows against fp8_gemv (QKV, o_proj; 8 (SPLIT, BK, ASYNC) settings) (~4 min).
+#   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
+#       LM head and drafter head against nvfp4_gemv; 3 (SPLIT, ASYNC) settings) (~4 min).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -192,9 +193,13 @@ ncuprof() {  # ncuprof TARGET KERNEL_REGEX COUNT: Nsight Compute's full set on C
 case "${PART:-}" in
   gw)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step gluon_gemv 240 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
-    step gluon_nvfp4 240 python3 bench/gluon_nvfp4_probe.py --out "$OUT/gw"
+    step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
+    ;;
+  gn)
+    export KOLIBRI_PDL=0
+    step gluon_nvfp4 420 python3 bench/gluon_nvfp4_probe.py --out "$OUT/gn"
+    pack gn
     ;;
   ob)
     allchecks
