@@ -43,7 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_init,
                                                                warpgroup_mma_wait)
 
-from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_PTX
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import standalone  # noqa: E402,F401  (maps kolibri_trt_plugins onto ./plugins when not installed)
+from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_PTX  # noqa: E402
 
 BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
 SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
