@@ -310,7 +310,10 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     swap = M <= SWAP_TOKENS
     check_k_blocks("moe_experts", K_BLOCKS, BLOCK_K, SWAP_TOKENS >= MAX_TOKENS)
     rows = ROWS_SWAP if swap else ROWS
-    meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=cdiv(M, rows),
+    mt = cdiv(M, rows)
+    if TILE_LOOP and mt > 2:   # the same code for every mt > 2 (a runtime loop): one compile,
+        mt = 3                 # not one per row-tile count (M = 1-256: 83 -> 33 kernel variants)
+    meta = dict(TOPK=topk, GATED=gated, BLOCK_N=bn, BLOCK_K=BLOCK_K, ROWS=rows, MT=mt,
                 M_P=max(rows, next_pow2(M)), K_P=max(2, next_pow2(topk)),
                 U_P=max(16, next_pow2(M * topk)), DOT_F32=interpret,
                 DECODE=1 if interpret else DECODE, ONE=M == 1, SHARED=shw is not None,
