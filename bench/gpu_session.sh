@@ -13,6 +13,9 @@
 #       rows against fp8_gemv (QKV, o_proj; 8 (SPLIT, BK, ASYNC) settings) (~4 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 3 (SPLIT, ASYNC) settings) (~4 min).
+#   PART=ab bash bench/gpu_session.sh   INT4 and FP8 paged attention at the runtime's default
+#       page size (16 tokens) beside 64, B = 1-64, 4k-128k: bench/plugins.py --only attn
+#       --attn-blocks 16,64 (~3 min; timing only).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -195,6 +198,11 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
+    ;;
+  ab)
+    export KOLIBRI_PDL=0
+    step attn_blocks 400 python3 bench/plugins.py --only attn --attn-blocks 16,64
+    pack ab
     ;;
   gn)
     export KOLIBRI_PDL=0

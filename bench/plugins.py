@@ -168,11 +168,15 @@ def bench_sliding(quick):
             del kf, vf
 
 
+ATTN_BLOCKS = (64,)   # page sizes (tokens) of the batch x context grid (--attn-blocks)
+
+
 def bench_attention(quick):
     batches = (1, 4, 16, 64) if not quick else (1, 16)
-    points = [(B, ctx, 64, 1) for ctx in (4096, 32768, 131072) for B in batches]
+    points = [(B, ctx, blk, 1) for blk in ATTN_BLOCKS for ctx in (4096, 32768, 131072)
+              for B in batches]
     points += [(B, 32768, blk, q) for B in ((1, 16) if not quick else (16,))
-               for blk, q in ((16, 1), (64, 4))]
+               for blk, q in ((16, 1), (64, 4)) if (B, 32768, blk, q) not in points]
     for B, ctx, blk, q in points:
         try:
             attn_bench(B, ctx, blk, q, quick)
@@ -329,8 +333,13 @@ def main():
                     help="each row also against the best plain read of its bytes (read_ceiling)")
     ap.add_argument("--gemv-rows", default="",
                     help="comma-separated row counts for fp8_gemv (default 1,4,16,64)")
+    ap.add_argument("--attn-blocks", default="64",
+                    help="comma-separated page sizes in tokens for the attention grid (the "
+                         "runtime's default is 16)")
     args = ap.parse_args()
     PT.CEILING = args.ceiling
+    global ATTN_BLOCKS
+    ATTN_BLOCKS = tuple(int(v) for v in args.attn_blocks.split(","))
     if args.gemv_rows:
         global GEMV_ROWS
         GEMV_ROWS = tuple(int(v) for v in args.gemv_rows.split(","))
