@@ -17,6 +17,12 @@ kernel sums in order (plugins/_gemv_reduce.py), so the sum order of a row is a f
 K, SPLIT, BK) only, never of M or MT, if wgmma's per-column maths does not depend on its N
 (checked here: row 0 alone against inside 16, 64 and 144 rows).
 
+Second form (after bench/results/h200-2026-12-02e/gw/): x rows past M zero-filled by the copy
+instead of re-reading row M-1 (a 128-row tile of 80 rows was slower than one of 128), rows in
+launches of power-of-two tiles (`row_segments`: 144 = 128 + 16), rings of up to 8-12 buffers
+(more bytes in flight per program: 56 programs at one K range), and FIXUP: the K ranges summed
+by each tile's last program (a counter per tile) instead of a second launch.
+
 wgmma and mma.sync give other bits for the same sum (bench/results/h200-2026-12-02d/wb/), so
 such a kernel could only replace fp8_gemv at every row count of a shape. On the GPU this
 prints, per shape (QKV 3584x2560, o_proj 2560x2560, per-tensor scale): the relative error
@@ -50,8 +56,12 @@ from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_PTX  # noqa: E402
 BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
 SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
 ROWS = (1, 4, 8, 16, 32, 64, 80, 128, 144)
-SETTINGS = ((1, 128, False), (2, 128, False), (4, 128, False), (5, 128, False), (1, 256, False),
-            (5, 256, False), (1, 128, True), (4, 128, True))   # (SPLIT, BK, ASYNC)
+# (SPLIT, BK, ASYNC, most STAGES, FIXUP); the first and (4, 128, True, 4, False) as in
+# bench/results/h200-2026-12-02e/gw/ (then with x rows past M clamped, one MT per launch)
+SETTINGS = ((1, 128, False, 4, False), (1, 128, False, 8, False), (1, 128, False, 12, False),
+            (1, 256, False, 8, False), (2, 128, False, 8, False), (2, 128, False, 8, True),
+            (2, 128, True, 8, True), (4, 128, True, 4, False), (4, 128, True, 8, True),
+            (4, 128, False, 8, True))
 REL_TOL = 2e-2    # bf16 output against the fp32 reference: a few bf16 ulps (2^-8) of the norm
 
 
@@ -95,11 +105,15 @@ def _to_logical(t, BK: gl.constexpr):
 
 
 @gluon.jit
-def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
+def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_PART, m_base,
                 MT: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr,
-                WL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False):
+                WL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False,
+                FIXUP: gl.constexpr = False):
     """y [M, N] bf16 = scale · x [M, K] · W[N, K]^T (SPLIT 1), else fp32 partials [SPLIT, M, N]
-    of the K ranges [s·K_PART, (s+1)·K_PART) (y_ptr then the partial buffer). w_ptr holds W
+    of the K ranges [s·K_PART, (s+1)·K_PART) into p_ptr; FIXUP: the tile's last program to
+    finish (a counter per tile in cnt_ptr) sums them in the order s = 0..SPLIT-1 and writes y
+    (no reduce launch). Rows m_base + program_id(1)·MT..; x rows past M are zero-filled, not
+    read. w_ptr holds W
     with each BK block of a row in storage order (`to_storage`). W's and x's tiles come in
     through a ring of STAGES shared buffers by cp.async, D = STAGES - 1 steps ahead; W's is
     read back 16 bytes at a time in WL, decoded and relabelled into wgmma's A registers, x's
@@ -115,7 +129,7 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
                                                  order=[1, 0])
     xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MT, BK], gl.bfloat16)
     n0 = gl.program_id(0) * 64
-    m0 = gl.program_id(1) * MT
+    m0 = m_base + gl.program_id(1) * MT
     s = gl.program_id(2)
     wr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cp_l))
     wk = gl.arange(0, BK, layout=gl.SliceLayout(0, cp_l))
@@ -123,6 +137,7 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xcp_l))
     w_tile = w_ptr + wr.to(gl.int64)[:, None] * K + wk[None, :]
     x_tile = x_ptr + gl.minimum(xm, M - 1).to(gl.int64)[:, None] * K + xk[None, :]
+    x_in = (xm < M)[:, None] & (xk < BK)[None, :]     # rows past M: zero fill, no read
     w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, BK], ws_l)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MT, BK], xs_l)
     acc = gl.zeros([64, MT], gl.float32, layout=acc_l)
@@ -132,7 +147,7 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
     for i in gl.static_range(D):            # past the range: the last step again (unused)
         kk = gl.minimum(k_lo + i * BK, k_last)
         async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + kk)
-        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + kk)
+        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + kk, mask=x_in)
         async_copy.commit_group()
     slot = 0
     if ASYNC:
@@ -144,14 +159,42 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PART,
         nxt = (slot + D) % STAGES
         kk = gl.minimum(k0 + D * BK, k_last)
         async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + kk)
-        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + kk)
+        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + kk, mask=x_in)
         async_copy.commit_group()
         raw = w_ring.index(slot).load(WL)
         if ASYNC:   # the last step's wgmma reads its A registers until here: decode after it
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = _issue_mma(_to_logical(_e4m3_to_bf16(raw), BK), x_ring.index(slot), acc, ASYNC)
         slot = (slot + 1) % STAGES
-    _store_tile(_drain(acc, ASYNC), y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
+    acc = _drain(acc, ASYNC)
+    if SPLIT == 1:
+        _store_tile(acc, y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
+    else:
+        _store_tile(acc, p_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
+        if FIXUP:
+            _fixup(acc, p_ptr, y_ptr, cnt_ptr, gl.load(s_ptr), M, N, n0, m0, SPLIT)
+
+
+@gluon.jit
+def _fixup(acc, p_ptr, y_ptr, cnt_ptr, scale, M, N, n0, m0, SPLIT: gl.constexpr):
+    """Serial split-K in the launch: after this program's partial is stored, the tile's
+    counter counts it (release: every thread's stores first, by the barrier); the program that
+    counts last (acquire) sums the SPLIT partials in the order s = 0..SPLIT-1 (read past L1),
+    writes y [M, N] bf16 times scale and zeroes the counter for the next launch."""
+    gl.thread_barrier()
+    tile = (n0 // 64) * gl.cdiv(M, 8) + m0 // 8
+    done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if done == SPLIT - 1:
+        acc_l: gl.constexpr = acc.type.layout
+        orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+        om = m0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc_l))
+        omask = (om < M)[None, :] & (orr < N)[:, None]
+        at = om.to(gl.int64)[None, :] * N + orr[:, None]
+        tot = gl.load(p_ptr + at, mask=omask, other=0.0, cache_modifier=".cg")
+        for i in gl.static_range(1, SPLIT):
+            tot += gl.load(p_ptr + i * M * N + at, mask=omask, other=0.0, cache_modifier=".cg")
+        gl.store(y_ptr + at, (tot * scale).to(gl.bfloat16), mask=omask)
+        gl.store(cnt_ptr + tile, 0)
 
 
 @gluon.jit
@@ -209,40 +252,73 @@ def tile_rows(m: int) -> int:
 SHARED_BUDGET = 200 * 1024   # bytes of the ring (the H200 gives a program up to 227 KiB)
 
 
-def stages_for(mt: int, bk: int) -> int:
-    """Shared buffers in the ring: up to 4, as many as SHARED_BUDGET holds (at least 2)."""
-    return max(2, min(4, SHARED_BUDGET // (64 * bk + mt * bk * 2)))
+def stages_for(mt: int, bk: int, most: int = 4) -> int:
+    """Shared buffers in the ring: up to `most`, as many as SHARED_BUDGET holds (at least 2)."""
+    return max(2, min(most, SHARED_BUDGET // (64 * bk + mt * bk * 2)))
 
 
-def wgmma_gemv(x, w_stored, scale, split: int, bk: int, is_async: bool = False):
-    """The probe's y bf16 [M, N] from W in storage order (`to_storage(W, bk)`); fp8_gemv's
-    reduce sums the K ranges for split > 1."""
+def row_segments(m: int) -> list[tuple[int, int, int]]:
+    """(first row, MT, tiles) launches covering m rows: full 128-row tiles, then the largest
+    power of two the rest fills, then tile_rows of what is left (80 -> 64 + 16, 144 -> 128 +
+    16, 100 -> 64 + 64): x rows past m cost wgmma work, so no tile is mostly empty."""
+    segs, m0 = [], 0
+    if m > 128:
+        segs.append((0, 128, m // 128))
+        m0 = 128 * (m // 128)
+    rest = m - m0
+    if rest > 8 and rest & (rest - 1):
+        low = 1 << (rest.bit_length() - 1)
+        segs.append((m0, low, 1))
+        m0, rest = m0 + low, rest - low
+    if rest:
+        segs.append((m0, tile_rows(rest), 1))
+    return segs
+
+
+_COUNTERS: dict = {}
+
+
+def counters(device) -> torch.Tensor:
+    """int32 [4096] zeros, one per (n-tile, 8-row group), kept zero by FIXUP's last programs."""
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(4096, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def wgmma_gemv(x, w_stored, scale, split: int, bk: int, is_async: bool = False,
+               most: int = 4, fixup: bool = False):
+    """The probe's y bf16 [M, N] from W in storage order (`to_storage(W, bk)`); for split > 1
+    fp8_gemv's reduce sums the K ranges (fixup: the kernel's last program per tile does)."""
     from kolibri_trt_plugins._gemv_fusion import NO_FUSION
     from kolibri_trt_plugins._gemv_reduce import launch_reduce
     M, K = x.shape
     N = w_stored.shape[0]
     if K % (split * bk) or N % BLOCK_N:
         raise ValueError(f"K {K} must be a multiple of SPLIT {split} x BK {bk}, N {N} of 64")
-    mt = tile_rows(M)
-    grid = (N // BLOCK_N, triton.cdiv(M, mt), split)
+    if (N // BLOCK_N) * triton.cdiv(M, 8) > 4096:
+        raise ValueError(f"M {M}, N {N}: more tiles than counters")
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
-    out = y if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-    _wgmma_gemv[grid](w_stored, x, scale, out, M, N, K, K // split, MT=mt, BK=bk, SPLIT=split,
-                      WL=storage_layout(bk), STAGES=stages_for(mt, bk), ASYNC=is_async,
-                      num_warps=4)
-    if split > 1:
-        launch_reduce(out, scale, y, NO_FUSION, 0, False)
+    part = y if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+    for m0, mt, tiles in row_segments(M):
+        _wgmma_gemv[(N // BLOCK_N, tiles, split)](
+            w_stored, x, scale, y, part, counters(x.device), M, N, K, K // split, m0, MT=mt,
+            BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk, most),
+            ASYNC=is_async, FIXUP=fixup and split > 1, num_warps=4)
+    if split > 1 and not fixup:
+        launch_reduce(part, scale, y, NO_FUSION, 0, False)
     return y
 
 
-def aot(mt: int, bk: int, split: int, is_async: bool = False):
-    sig = dict(w_ptr="*fp8e4nv", x_ptr="*bf16", s_ptr="*fp32", y_ptr="*bf16", M="i32",
-               N="i32", K="i32", K_PART="i32", MT="constexpr", BK="constexpr",
-               SPLIT="constexpr", WL="constexpr", STAGES="constexpr", ASYNC="constexpr")
+def aot(mt: int, bk: int, split: int, is_async: bool = False, most: int = 4,
+        fixup: bool = False):
+    sig = dict(w_ptr="*fp8e4nv", x_ptr="*bf16", s_ptr="*fp32", y_ptr="*bf16", p_ptr="*fp32",
+               cnt_ptr="*i32", M="i32", N="i32", K="i32", K_PART="i32", m_base="i32",
+               MT="constexpr", BK="constexpr", SPLIT="constexpr", WL="constexpr",
+               STAGES="constexpr", ASYNC="constexpr", FIXUP="constexpr")
     src = GluonASTSource(_wgmma_gemv, sig, constexprs=dict(
-        MT=mt, BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk),
-        ASYNC=is_async),
-        attrs={(k,): [["tt.divisibility", 16]] for k in range(8)})
+        MT=mt, BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk, most),
+        ASYNC=is_async, FIXUP=fixup),
+        attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 
 
@@ -327,6 +403,9 @@ def run_aot() -> int:
     for mt, bk, is_async in ((8, 128, False), (8, 256, False), (32, 128, False),
                              (64, 128, False), (128, 128, False), (8, 128, True), (64, 128, True)):
         print_aot(f"MT {mt:3d} BK {bk}" + (" async" if is_async else ""), aot(mt, bk, 1, is_async))
+    for mt, split, is_async, most in ((8, 1, False, 12), (8, 4, True, 8), (128, 2, False, 8)):
+        print_aot(f"MT {mt:3d} SPLIT {split} stages<={most} fixup" +
+                  (" async" if is_async else ""), aot(mt, 128, split, is_async, most, split > 1))
     return 0
 
 
@@ -344,16 +423,29 @@ def run_gpu(out: pathlib.Path) -> int:
         x_all = torch.randn((144, K), generator=g, device="cuda").bfloat16()
         ref = fp8_gemv_ref(x_all, *ws[0]).float()
         calls = {"fp8_gemv": (fp8_gemv, ws)}
-        for split, bk, is_async in SETTINGS:
-            def fn(x, w, s, split=split, bk=bk, is_async=is_async):
-                return wgmma_gemv(x, w, s, split, bk, is_async)
-            tag = f"s{split}_bk{bk}" + ("_async" if is_async else "")
+        for split, bk, is_async, most, fixup in SETTINGS:
+            def fn(x, w, s, split=split, bk=bk, is_async=is_async, most=most, fixup=fixup):
+                return wgmma_gemv(x, w, s, split, bk, is_async, most, fixup)
+            tag = (f"s{split}_bk{bk}_st{most}" + ("_async" if is_async else "") +
+                   ("_fix" if fixup else ""))
             rec, ok = check_case(f"{name} {tag}", lambda x, w0=stored[bk][0]: fn(x, *w0), x_all,
                                  ref)
-            results.append(dict(shape=name, split=split, bk=bk, is_async=is_async, **rec))
+            results.append(dict(shape=name, split=split, bk=bk, is_async=is_async, most=most,
+                                fixup=fixup, **rec))
             bad += not ok
             calls[f"wgmma_{tag}"] = (fn, stored[bk])
         results += time_rows(name, x_all, calls)
+        for split, bk, is_async, most, fixup in SETTINGS:   # again, after the replays
+            if fixup:
+                rec, ok = check_case(f"{name} s{split} st{most} async {is_async} fixup, "
+                                     "after the timing",
+                                     lambda x, w0=stored[bk][0], bk=bk, a=is_async, st=most,
+                                     sp=split: wgmma_gemv(x, *w0, sp, bk, a, st, True),
+                                     x_all, ref)
+                bad += not ok
+        left = int(counters(x_all.device).abs().sum())
+        print(f"{name}: FIXUP counters left non-zero: {left} -> {'PASS' if not left else 'FAIL'}")
+        bad += bool(left)
         del ws, stored, calls
         torch.cuda.empty_cache()
     return finish(out, "gluon_gemv.json", results, bad)

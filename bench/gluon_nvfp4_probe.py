@@ -38,12 +38,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from gluon_gemv_probe import (SHARED_BUDGET, _drain, _issue_mma, _store_tile,  # noqa: E402
                               _to_logical, check_case, finish, print_aot, probe_main,
-                              storage_layout, tile_rows, time_rows)
+                              row_segments, storage_layout, time_rows)
 from kolibri_trt_plugins.nvfp4_gemv import E2M1_BF16_PTX  # noqa: E402
 
 BK = 256                          # K per step (128 bytes, 16 scales per row)
 SHAPES = {"lm_head": (131072, 2560), "drafter_head": (60614, 2560)}
-SETTINGS = ((1, False), (2, False), (1, True))   # (SPLIT, ASYNC: as gluon_gemv_probe's)
+# (SPLIT, ASYNC, most STAGES): (1, False, 4) as in bench/results/h200-2026-12-02e/gn/ (then
+# with x rows past M clamped, one MT per launch); ASYNC gave NaN there (untraced)
+SETTINGS = ((1, False, 4), (1, False, 6), (1, False, 8), (1, True, 6))
 PAIR_BITS = (2, 3, 4, 5, 6, 0, 1)   # pair bit held by storage byte bit i (BK 256)
 SCALE_LAYOUT = gl.DistributedLinearLayout(   # [64, 16] scales: a row's 16 in one thread
     reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
@@ -91,7 +93,7 @@ def _scales_to_bytes(sb, WB: gl.constexpr, L3: gl.constexpr):
 
 
 @gluon.jit
-def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS,
+def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS, m_base,
                  MT: gl.constexpr, SPLIT: gl.constexpr, WB: gl.constexpr, SL: gl.constexpr,
                  L3: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False):
     """y [M, N] bf16 (SPLIT 1) or fp32 partials [SPLIT, M, N] (unscaled by weight_scale_2 ·
@@ -107,11 +109,13 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
     ss_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
     xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MT, 256], gl.bfloat16)
     n0 = gl.program_id(0) * 64
-    m0 = gl.program_id(1) * MT
+    m0 = m_base + gl.program_id(1) * MT
     s = gl.program_id(2)
     wr = gl.minimum(n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cp_l)), N - 1)
     sr = gl.minimum(n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cs_l)), N - 1)
-    xm = gl.minimum(m0 + gl.arange(0, MT, layout=gl.SliceLayout(1, xcp_l)), M - 1)
+    xr = m0 + gl.arange(0, MT, layout=gl.SliceLayout(1, xcp_l))
+    xm = gl.minimum(xr, M - 1)
+    x_in = (xr < M)[:, None] & (gl.arange(0, 256, layout=gl.SliceLayout(0, xcp_l)) < 256)[None, :]
     w_tile = w_ptr + wr.to(gl.int64)[:, None] * sw_n + \
         gl.arange(0, 128, layout=gl.SliceLayout(0, cp_l))[None, :]
     s_tile = ws_ptr + sr.to(gl.int64)[:, None] * ss_n + \
@@ -129,7 +133,7 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
         j = gl.minimum(j_lo + i, j_last)
         async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + j * 128)
         async_copy.async_copy_global_to_shared(s_ring.index(i), s_tile + j * 16)
-        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + j * 256)
+        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + j * 256, mask=x_in)
         async_copy.commit_group()
     if ASYNC:
         acc = warpgroup_mma_init(acc)
@@ -142,7 +146,7 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
         j = gl.minimum(j0 + D, j_last)
         async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + j * 128)
         async_copy.async_copy_global_to_shared(s_ring.index(nxt), s_tile + j * 16)
-        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + j * 256)
+        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + j * 256, mask=x_in)
         async_copy.commit_group()
         raw = w_ring.index(slot).load(WB)
         sraw = s_ring.index(slot).load(SL)
@@ -174,24 +178,26 @@ def check_relabel() -> None:
     assert torch.equal(pair * 2 + joined % 2, torch.arange(256)), "nvfp4 relabel mismatch"
 
 
-def stages_for(mt: int) -> int:
-    return max(2, min(4, SHARED_BUDGET // (64 * 128 + 64 * 16 + mt * 512)))
+def stages_for(mt: int, most: int = 4) -> int:
+    """Ring buffers: up to `most`, as many as SHARED_BUDGET holds (at least 2)."""
+    return max(2, min(most, SHARED_BUDGET // (64 * 128 + 64 * 16 + mt * 512)))
 
 
-def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int, is_async: bool = False):
+def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int, is_async: bool = False,
+                most: int = 4):
     """The probe's y bf16 [M, N]; split > 1: fp32 partials summed in order here (torch)."""
     M, K = x.shape
     N = w_stored.shape[0]
     if K % (split * BK):
         raise ValueError(f"K {K} must be a multiple of SPLIT {split} x {BK}")
-    mt = tile_rows(M)
-    grid = (triton.cdiv(N, 64), triton.cdiv(M, mt), split)
     out = (torch.empty((M, N), dtype=torch.bfloat16, device=x.device) if split == 1 else
            torch.empty((split, M, N), dtype=torch.float32, device=x.device))
-    _wgmma_nvfp4[grid](w_stored, weight_scale, weight_scale_2, x, out, M, N, K, K // 2, K // 16,
-                       K // (split * BK),
-                       MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT,
-                       L3=BCAST_LAYOUT, STAGES=stages_for(mt), ASYNC=is_async, num_warps=4)
+    for m0, mt, tiles in row_segments(M):   # the row tiles as gluon_gemv_probe's
+        _wgmma_nvfp4[(triton.cdiv(N, 64), tiles, split)](
+            w_stored, weight_scale, weight_scale_2, x, out, M, N, K, K // 2, K // 16,
+            K // (split * BK), m0, MT=mt, SPLIT=split, WB=storage_layout(128),
+            SL=SCALE_LAYOUT, L3=BCAST_LAYOUT, STAGES=stages_for(mt, most), ASYNC=is_async,
+            num_warps=4)
     if split == 1:
         return out
     total = out[0]
@@ -202,14 +208,14 @@ def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int, is_async:
 
 def aot(mt: int, split: int, is_async: bool = False):
     sig = dict(w_ptr="*u8", ws_ptr="*fp8e4nv", gs_ptr="*fp32", x_ptr="*bf16", y_ptr="*bf16",
-               M="i32", N="i32", K="i32", sw_n="i32", ss_n="i32", STEPS="i32",
+               M="i32", N="i32", K="i32", sw_n="i32", ss_n="i32", STEPS="i32", m_base="i32",
                MT="constexpr", SPLIT="constexpr",
                WB="constexpr", SL="constexpr", L3="constexpr", STAGES="constexpr",
                ASYNC="constexpr")
     src = GluonASTSource(_wgmma_nvfp4, sig, constexprs=dict(
         MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT, L3=BCAST_LAYOUT,
         STAGES=stages_for(mt), ASYNC=is_async),
-        attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
+        attrs={(k,): [["tt.divisibility", 16]] for k in range(11)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 
 
@@ -233,12 +239,12 @@ def run_gpu(out: pathlib.Path) -> int:
         x_all = torch.randn((144, K), device="cuda").bfloat16()
         ref = nvfp4_gemv_ref(x_all, *ws[0]).float()
         calls = {"nvfp4_gemv": (nvfp4_gemv, ws)}
-        for split, is_async in SETTINGS:
-            def fn(x, w, s, s2, split=split, is_async=is_async):
-                return wgmma_nvfp4(x, w, s, s2, split, is_async)
-            tag = f"s{split}" + ("_async" if is_async else "")
+        for split, is_async, most in SETTINGS:
+            def fn(x, w, s, s2, split=split, is_async=is_async, most=most):
+                return wgmma_nvfp4(x, w, s, s2, split, is_async, most)
+            tag = f"s{split}_st{most}" + ("_async" if is_async else "")
             rec, ok = check_case(f"{name} {tag}", lambda x, w0=stored[0]: fn(x, *w0), x_all, ref)
-            results.append(dict(shape=name, split=split, is_async=is_async, **rec))
+            results.append(dict(shape=name, split=split, is_async=is_async, most=most, **rec))
             bad += not ok
             calls[f"wgmma_{tag}"] = (fn, stored)
         results += time_rows(name, x_all, calls)

@@ -10,9 +10,9 @@
 #   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
 #       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
 #       as wgmma's register A): error against fp8_gemv_ref, batch invariance, µs at 1-144
-#       rows against fp8_gemv (QKV, o_proj; 8 (SPLIT, BK, ASYNC) settings) (~4 min).
+#       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
-#       LM head and drafter head against nvfp4_gemv; 3 (SPLIT, ASYNC) settings) (~4 min).
+#       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
 #   PART=ab bash bench/gpu_session.sh   INT4 and FP8 paged attention at the runtime's default
 #       page size (16 tokens) beside 64, B = 1-64, 4k-128k: bench/plugins.py --only attn
 #       --attn-blocks 16,64 (~3 min; timing only).
