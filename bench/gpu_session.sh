@@ -13,6 +13,8 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
+#   PART=gp bash bench/gpu_session.sh   Nsight Compute on the probes' wgmma forms at one row
+#       (LM head in rings of 2, QKV in 4 K ranges with FIXUP) and nvfp4_gemv's LM head (~6 min).
 #   PART=ab bash bench/gpu_session.sh   INT4 and FP8 paged attention at the runtime's default
 #       page size (16 tokens) beside 64, B = 1-64, 4k-128k: bench/plugins.py --only attn
 #       --attn-blocks 16,64 (~3 min; timing only).
@@ -198,6 +200,13 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
+    ;;
+  gp)
+    export KOLIBRI_PDL=0
+    ncuprof gluon_nvfp4_m1 _wgmma_nvfp4 1
+    ncuprof nvfp4_m1 _nvfp4_gemv_kernel 1
+    ncuprof gluon_qkv_m1 _wgmma_gemv 1
+    pack gp
     ;;
   ab)
     export KOLIBRI_PDL=0

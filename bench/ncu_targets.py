@@ -8,7 +8,8 @@ TARGET is one of TARGETS (below): INT4 / FP8 full-causal attention at B=16, 32k 
 for INT4 also 4 query tokens per stream and 16-token pages), FP8 sliding-window attention
 (window 513) at B=1, moe_forward at one token and at 256 (one chunk, units by expert; also
 with per-expert row lists), the NVFP4 LM head at one row, fp8_gemv at QKV's shape (one and 64
-rows) and qk_norm_fold_int4 at one token. Each runs LAUNCHES launches eagerly
+rows), qk_norm_fold_int4 at one token, and the Gluon probes' wgmma forms of the LM head and
+of QKV at one row. Each runs LAUNCHES launches eagerly
 (no CUDA graph: ncu profiles launch by launch) with the inputs bench/plugins.py uses (random
 codes, random paged tables). `bench/gpu_session.sh` parts `na` and `nr` profile them and write
 each report's details and per-instruction source counters as text.
@@ -82,6 +83,24 @@ def fp8_gemv_call(M: int, N: int = 3584, K: int = 2560):
     return lambda: fp8_gemv(x, *w)
 
 
+def gluon_nvfp4_call(M: int):
+    """bench/gluon_nvfp4_probe.py's wgmma form of the LM head (SPLIT 1, rings of 2)."""
+    from gluon_nvfp4_probe import to_storage, wgmma_nvfp4
+    N, K = 131072, 2560
+    w = (to_storage(torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=DEV)),
+         (torch.rand((N, K // 16), device=DEV) + 0.25).to(PT.E4M3), torch.tensor([0.02], device=DEV))
+    x = torch.randn((M, K), device=DEV).bfloat16()
+    return lambda: wgmma_nvfp4(x, *w, 1, False, 2)
+
+
+def gluon_fp8_call(M: int, N: int = 3584, K: int = 2560):
+    """bench/gluon_gemv_probe.py's wgmma form at QKV's shape (4 K ranges, ASYNC, FIXUP)."""
+    from gluon_gemv_probe import to_storage, wgmma_gemv
+    w = to_storage(torch.randn((N, K), device=DEV).to(PT.E4M3), 128)
+    x = torch.randn((M, K), device=DEV).bfloat16()
+    return lambda: wgmma_gemv(x, w, torch.tensor([0.02], device=DEV), 4, 128, True, 4, True)
+
+
 def fold_call(T: int):
     mq, mk = [m.to(DEV) for m in fold_matrices(torch.ones(128), torch.ones(128),
                                                hadamard_rotation(3))]
@@ -107,6 +126,8 @@ TARGETS = {  # name -> (kernel-name regex for ncu, builder)
     "qkv_m1": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(1)),
     "qkv_m64": ("_fp8_gemv_kernel", lambda: fp8_gemv_call(64)),
     "fold_t1": ("_qk_fold_int4_kernel", lambda: fold_call(1)),
+    "gluon_nvfp4_m1": ("_wgmma_nvfp4", lambda: gluon_nvfp4_call(1)),
+    "gluon_qkv_m1": ("_wgmma_gemv", lambda: gluon_fp8_call(1)),
 }
 
 
