@@ -45,13 +45,16 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared,
                                                                warpgroup_mma_init,
                                                                warpgroup_mma_wait)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import standalone  # noqa: E402,F401  (maps kolibri_trt_plugins onto ./plugins when not installed)
 from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_PTX  # noqa: E402
+from kolibri_trt_plugins._wgmma_gluon import (SHARED_BUDGET, _drain, _issue_mma,  # noqa: E402
+                                              _store_tile, _to_logical, row_segments,
+                                              storage_layout)
 
 BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
 SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
@@ -75,35 +78,6 @@ def _e4m3_to_bf16(w):
     """float8e4nv -> bf16 by bit placement (plugins/_e4m3_decode.py, DECODE 3): exact."""
     return gl.inline_asm_elementwise(E4M3_BF16_ASM, "=r,=r,r", [w.to(gl.uint8, bitcast=True)],
                                      dtype=gl.bfloat16, is_pure=True, pack=4)
-
-
-def storage_layout(bk: int):
-    """The register layout of a [64, BK] byte tile in storage order (K contiguous) whose
-    relabelling by `_to_logical` is wgmma's register A layout (bf16, k width 2; Triton 3.6's
-    to_linear_layout of it: registers k+1, row+8, k+8, k+16, ...; lanes k+2, k+4, row+1, +2,
-    +4; warps row+16, +32): each thread holds BK/4 contiguous bytes of each of its two rows
-    (16-byte loads), where the A layout's K pairs are 2 bytes apart by 8."""
-    nb = bk.bit_length() - 1
-    return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1 << i] for i in range(nb - 2)] + [[8, 0]],
-        lane_bases=[[0, 1 << (nb - 2)], [0, 1 << (nb - 1)], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, bk])
-
-
-@gluon.jit
-def _to_logical(t, BK: gl.constexpr):
-    """[R, BK] in storage order -> [R, BK] in the order wgmma sums: storage bit i of a column
-    holds K bit (k1, k8, k16, ..., k_BK/2, k2, k4)[i] (`storage_layout`); both W and x go
-    through it, so the product pairs the same elements and only the sum order changes."""
-    R: gl.constexpr = t.shape[0]
-    if BK == 128:
-        t = gl.reshape(t, [R, 2, 2, 2, 2, 2, 2, 2])
-        t = gl.permute(t, (0, 3, 4, 5, 6, 1, 2, 7))
-    else:
-        gl.static_assert(BK == 256, "BK: 128 or 256")
-        t = gl.reshape(t, [R, 2, 2, 2, 2, 2, 2, 2, 2])
-        t = gl.permute(t, (0, 3, 4, 5, 6, 7, 1, 2, 8))
-    return gl.reshape(t, [R, BK])
 
 
 @gluon.jit
@@ -199,40 +173,6 @@ def _fixup(acc, p_ptr, y_ptr, cnt_ptr, scale, M, N, n0, m0, SPLIT: gl.constexpr)
         gl.store(cnt_ptr + tile, 0)
 
 
-@gluon.jit
-def _issue_mma(w, xs, acc, ASYNC: gl.constexpr):
-    """acc += w · xs^T: w bf16 [64, BK] relabelled (`_to_logical`; a trivial conversion to
-    wgmma's register A layout), xs x's [MT, BK] tile in shared memory (B, transposed view)."""
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
-    a = gl.convert_layout(w, a_l, assert_trivial=True)
-    return warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=ASYNC)
-
-
-@gluon.jit
-def _drain(acc, ASYNC: gl.constexpr):
-    """The accumulator once the last wgmma (ASYNC) and every cp.async have completed."""
-    if ASYNC:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    async_copy.wait_group(0)
-    return acc
-
-
-@gluon.jit
-def _store_tile(acc, y_ptr, scale, M, N, n0, m0, s, SPLIT: gl.constexpr):
-    """acc [64, MT] fp32 (y^T of weight rows n0.., x rows m0..) -> y [M, N] bf16 times scale
-    (SPLIT 1), else unscaled into the partials [SPLIT, M, N] at K range s."""
-    acc_l: gl.constexpr = acc.type.layout
-    orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
-    om = m0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc_l))
-    omask = (om < M)[None, :] & (orr < N)[:, None]
-    if SPLIT == 1:
-        gl.store(y_ptr + om.to(gl.int64)[None, :] * N + orr[:, None],
-                 (acc * scale).to(gl.bfloat16), mask=omask)
-    else:
-        p_ptr = y_ptr + s.to(gl.int64) * M * N
-        gl.store(p_ptr + om.to(gl.int64)[None, :] * N + orr[:, None], acc, mask=omask)
-
-
 def to_storage(w: torch.Tensor, bk: int) -> torch.Tensor:
     """W [N, K] -> the same bytes with each BK block of a row in storage order: storage column s
     of a block holds logical column k(s) (`_to_logical`'s relabelling, inverted), so the
@@ -246,35 +186,9 @@ def to_storage(w: torch.Tensor, bk: int) -> torch.Tensor:
     return blocks[:, :, src].reshape(n, k).view(w.dtype).contiguous()
 
 
-def tile_rows(m: int) -> int:
-    """MT for m rows: the power of two >= m in 8-128 (wgmma's N; tiles only group rows)."""
-    return max(8, min(128, 1 << (max(m, 1) - 1).bit_length()))
-
-
-SHARED_BUDGET = 200 * 1024   # bytes of the ring (the H200 gives a program up to 227 KiB)
-
-
 def stages_for(mt: int, bk: int, most: int = 4) -> int:
     """Shared buffers in the ring: up to `most`, as many as SHARED_BUDGET holds (at least 2)."""
     return max(2, min(most, SHARED_BUDGET // (64 * bk + mt * bk * 2)))
-
-
-def row_segments(m: int) -> list[tuple[int, int, int]]:
-    """(first row, MT, tiles) launches covering m rows: full 128-row tiles, then the largest
-    power of two the rest fills, then tile_rows of what is left (80 -> 64 + 16, 144 -> 128 +
-    16, 100 -> 64 + 64): x rows past m cost wgmma work, so no tile is mostly empty."""
-    segs, m0 = [], 0
-    if m > 128:
-        segs.append((0, 128, m // 128))
-        m0 = 128 * (m // 128)
-    rest = m - m0
-    if rest > 8 and rest & (rest - 1):
-        low = 1 << (rest.bit_length() - 1)
-        segs.append((m0, low, 1))
-        m0, rest = m0 + low, rest - low
-    if rest:
-        segs.append((m0, tile_rows(rest), 1))
-    return segs
 
 
 _COUNTERS: dict = {}

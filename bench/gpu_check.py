@@ -3,16 +3,16 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,splitk,norm,
-        normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8gemv,fp8fused,moe,
+        splitk,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, normfused, qknorm, gumbel,
-vocabargmax)
+(nvfp4, nvfp4wg, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, normfused, qknorm,
+gumbel, vocabargmax)
 and
 gpu_check_drafter.py (ringattn, ropering, chainindex); the
 shared state (RESULTS, DEV, GRAPHS), TOL and the record / graph helpers in gpu_check_base.py.
@@ -62,6 +62,7 @@ from gpu_check_gemm import (  # noqa: F401
     check_gemv_invariance,
     check_moe,
     check_nvfp4,
+    check_nvfp4_wgmma,
     check_split_k,
 )
 from gpu_check_misc import (  # noqa: F401
@@ -94,6 +95,7 @@ SECTIONS = {
     "fp8attn": lambda g, small: check_attention("fp8", g, small),
     "int4_noasm": lambda g, small: check_int4_noasm(g, small),
     "nvfp4": check_nvfp4,
+    "nvfp4wg": check_nvfp4_wgmma,
     "fp8gemv": check_fp8gemv,
     "fp8fused": check_fp8fused,
     "moe": check_moe,

@@ -1,6 +1,6 @@
-"""gpu_check sections nvfp4, fp8gemv, fp8fused, moe, splitk: the GEMV kernels (NVFP4, FP8; FP8
-with its fused norm prologue / SwiGLU, silu, residual epilogues / row gather) and the MoE experts
-(split-K too) against their references, CUDA graph replay, batch invariance. Run through
+"""gpu_check sections nvfp4, nvfp4wg, fp8gemv, fp8fused, moe, splitk: the GEMV kernels (NVFP4 on
+mma.sync and on wgmma, FP8; FP8 with its fused norm prologue / SwiGLU, silu, residual epilogues /
+row gather) and the MoE experts (split-K too) against their references, CUDA graph replay, batch invariance. Run through
 bench/gpu_check.py."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.fp8_gemv import Fusion, fp8_gemv, fp8_gemv_ref
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref
+from kolibri_trt_plugins.nvfp4_wgmma import nvfp4_wgmma, to_wgmma_storage
 
 
 # ---------------------------------------------------------------- GEMV
@@ -38,6 +39,29 @@ def check_nvfp4(g, small):
     x = T.randn((64, 2560), g, device=B.DEV)
     w = T.nvfp4_weight(4096, 2560, g, device=B.DEV)
     check_gemv_invariance("nvfp4", lambda xx: nvfp4_gemv(xx, *w), x)
+
+
+def check_nvfp4_wgmma(g, small):
+    """nvfp4_wgmma (Gluon, sm_90) against nvfp4_gemv_ref on the weight in ModelOpt's order, at
+    odd row counts (one to three row launches), N not a multiple of 64; graphs; invariance."""
+    shapes = [(1, 131072, 2560), (3, 511, 2560), (33, 60614, 2560), (80, 77, 256),
+              (144, 4096, 2560), (17, 1, 512)]
+    if small:
+        shapes = [(1, 33, 256), (3, 511, 256), (80, 17, 512)]
+    for M, N, K in shapes:
+        x = T.randn((M, K), g, device=B.DEV)
+        w, ws, ws2 = T.nvfp4_weight(N, K, g, device=B.DEV)
+        stored = to_wgmma_storage(w)
+        out = nvfp4_wgmma(x, stored, ws, ws2)
+        e = T.rel_err(out, nvfp4_gemv_ref(x, w, ws, ws2))
+        msg = f"rel={e:.2e} " + check_graph(f"nvfp4_wgmma {M}x{K}x{N}",
+                                            lambda: nvfp4_wgmma(x, stored, ws, ws2), out)
+        record(f"nvfp4_wgmma M={M} N={N} K={K}", e < TOL["gemv"], msg)
+    x = T.randn((144, 2560), g, device=B.DEV)
+    w, ws, ws2 = T.nvfp4_weight(4096, 2560, g, device=B.DEV)
+    stored = to_wgmma_storage(w)
+    check_gemv_invariance("nvfp4_wgmma", lambda xx: nvfp4_wgmma(xx, stored, ws, ws2), x,
+                          ms=(1, 3, 16, 64, 80, 128))
 
 
 def check_fp8gemv(g, small):

@@ -67,6 +67,7 @@ from kolibri_trt_plugins.gemv_add_rms_norm import fp8_gemv_add_rms_norm  # noqa:
 from kolibri_trt_plugins.moe_route import moe_route_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_dequantize_ref, nvfp4_gemv  # noqa: E402
+from kolibri_trt_plugins.nvfp4_wgmma import nvfp4_wgmma, to_wgmma_storage  # noqa: E402
 from kolibri_trt_plugins.qk_norm_rope import qk_norm_rope  # noqa: E402
 from kolibri_trt_plugins.qk_norm_rope_kv_write import qk_norm_rope_kv_write  # noqa: E402
 from kolibri_trt_plugins.qk_norm_fold_int4 import (  # noqa: E402
@@ -195,16 +196,21 @@ def bench_nvfp4(quick):
                (torch.rand((N, K // 16), device=DEV) + 0.25).to(E4M3), torch.tensor([0.02], device=DEV))
               for _ in range(nsets)]
         wb = [nvfp4_dequantize_ref(*w).bfloat16() for w in ws[:sets_for(N * K * 2)]]
-        for M in (1, 4, 16, 64):
+        wg = [(to_wgmma_storage(w), s, s2) for w, s, s2 in ws]
+        for M in NVFP4_ROWS:
             x = torch.randn((M, K), device=DEV).bfloat16()
             us = time_calls([lambda w=w: nvfp4_gemv(x, *w) for w in ws])
             st = time_calls([lambda w=w: x @ w.T for w in wb])
-            report("nvfp4_gemv", f"{name} M={M} N={N} K={K}", us, nbytes_w + M * (K + N) * 2, st)
-        del ws, wb
+            nbytes = nbytes_w + M * (K + N) * 2
+            report("nvfp4_gemv", f"{name} M={M} N={N} K={K}", us, nbytes, st)
+            us = time_calls([lambda w=w: nvfp4_wgmma(x, *w) for w in wg])
+            report("nvfp4_wgmma", f"{name} M={M} N={N} K={K}", us, nbytes, st)
+        del ws, wb, wg
         torch.cuda.empty_cache()
 
 
 GEMV_ROWS = (1, 4, 16, 64)   # rows fp8_gemv is timed at (--gemv-rows)
+NVFP4_ROWS = (1, 4, 16, 64, 144)   # rows the NVFP4 heads are timed at (144: 16 streams x 9)
 
 
 def bench_fp8(quick):
@@ -357,7 +363,7 @@ def main():
             else:
                 print(hdr)
                 {"attn": bench_attention, "gemv": lambda q: (bench_nvfp4(q), bench_fp8(q)),
-                 "fp8": bench_fp8,
+                 "fp8": bench_fp8, "nvfp4": bench_nvfp4,
                  "moe": bench_moe, "fused": bench_fused, "fold": bench_fold,
                  "sliding": bench_sliding, "sweep": bench_sweep,
                  "splitk": lambda q: (sweep_fp8_gemv(q), sweep_moe(q)),

@@ -12,6 +12,8 @@ Ops (module: public function):
     fp8_kv_write: fp8_kv_write                 new K/V into the FP8 paged cache
     attn_combine: attn_combine                 split-KV merge used by both attention ops
     nvfp4_gemv: nvfp4_gemv                     NVFP4 weight-only GEMM (LM head, drafter head)
+    nvfp4_wgmma: nvfp4_wgmma                   the same on wgmma (Hopper, Gluon; weights stored
+                                               by nvfp4_wgmma.to_wgmma_storage; not yet wired)
     fp8_gemv: fp8_gemv                         FP8 per-tensor / per-channel / block-1x64 GEMM
     gemv_add_rms_norm: fp8_gemv_add_rms_norm   fp8_gemv, then residual add + RMSNorm (o_proj)
     moe_route: moe_route                       router + top-k
@@ -38,6 +40,7 @@ from .gemv_add_rms_norm import fp8_gemv_add_rms_norm
 from .moe import moe_forward
 from .moe_route import moe_route
 from .nvfp4_gemv import nvfp4_gemv
+from .nvfp4_wgmma import nvfp4_wgmma
 from .qk_norm_fold_int4 import fold_matrices, hadamard_rotation, qk_norm_fold_int4
 from .qk_norm_rope import qk_norm_rope
 from .qk_norm_rope_kv_write import qk_norm_rope_kv_write
@@ -48,7 +51,7 @@ from .vocab_argmax import vocab_argmax
 __all__ = [
     "add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_gemv_add_rms_norm",
     "fp8_kv_write", "fp8_paged_attention", "gumbel_argmax", "int4_paged_attention",
-    "moe_forward", "moe_route", "nvfp4_gemv",
+    "moe_forward", "moe_route", "nvfp4_gemv", "nvfp4_wgmma",
     "qk_norm_fold_int4", "qk_norm_rope", "qk_norm_rope_kv_write", "ring_attention",
     "rope_ring_write", "vocab_argmax",
     "fold_matrices", "hadamard_rotation",

@@ -16,12 +16,17 @@ x = torch.randn(3, 64).bfloat16()
 w = torch.randn(32, 64).to(torch.float8_e4m3fn)
 y = P.fp8_gemv(x, w, torch.tensor([0.5]))
 assert y.shape == (3, 32) and y.dtype == torch.bfloat16
+w4 = torch.randint(0, 256, (5, 128), dtype=torch.uint8)
+s4 = torch.ones(5, 16).to(torch.float8_e4m3fn)
+y = P.nvfp4_wgmma(torch.randn(2, 256).bfloat16(), w4, s4, torch.tensor([0.5]))
+assert y.shape == (2, 5) and y.dtype == torch.bfloat16
 print("ok")
 """
 
 
 def test_plugins_import_and_run_without_triton():
-    """The package, the drafter that build.py imports first, and fp8_gemv's reference path."""
+    """The package, the drafter that build.py imports first, and fp8_gemv's and nvfp4_wgmma's
+    reference paths (nvfp4_wgmma's Gluon kernel is imported only at launch)."""
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -29,6 +29,7 @@ def op_cases():
                               T.randn((3, 2, 128), g), mq, mk, torch.tensor([0, 5, -1]),
                               *fold_caches, 1e-6),
         "nvfp4_gemv": (x, *T.nvfp4_weight(5, 64, g)),
+        "nvfp4_wgmma": (T.randn((3, 256), g), *T.nvfp4_weight(5, 256, g)),
         "fp8_gemv": (x, *T.fp8_weight(5, 64, "block", g)),
         "moe_route": (x, moe[0], 2, True),
         "moe_forward": (x, *moe, 2, True),
