@@ -13,6 +13,9 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
+#   PART=wg bash bench/gpu_session.sh   plugins/nvfp4_wgmma against its reference (gpu_check
+#       nvfp4wg: odd sizes, graphs replayed twice, invariance to 144 rows; and nvfp4) and timed
+#       beside nvfp4_gemv at 1-144 rows (bench/plugins.py --only nvfp4 --quick) (~2 min).
 #   PART=gp bash bench/gpu_session.sh   Nsight Compute on the probes' wgmma forms at one row
 #       (LM head in rings of 2, QKV in 4 K ranges with FIXUP) and nvfp4_gemv's LM head (~6 min).
 #   PART=ab bash bench/gpu_session.sh   INT4 and FP8 paged attention at the runtime's default
@@ -200,6 +203,12 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
+    ;;
+  wg)
+    export KOLIBRI_PDL=0
+    step check 200 python3 bench/gpu_check.py --only nvfp4wg,nvfp4
+    step nvfp4 200 python3 bench/plugins.py --only nvfp4 --quick
+    pack wg
     ;;
   gp)
     export KOLIBRI_PDL=0
