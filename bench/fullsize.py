@@ -133,6 +133,8 @@ def parse(argv=None):
                    help="A/B: o_proj, then add_rms_norm (the model's tensor-parallel path)")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                    help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
+    p.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
+                   help="the NVFP4 LM head's kernel (EngineArgs.lm_head_kernel)")
     args = p.parse_args(argv)
     args.parts = list(PARTS) if args.parts == "all" else [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]
@@ -151,6 +153,7 @@ def main(argv=None) -> int:
     meta.update(argv=sys.argv[1:], parts=args.parts, device=str(b.dev), tiny=args.tiny,
                 torch=torch.__version__, python=platform.python_version(), block_size=b.bs,
                 ring_blocks=b.ring, bandwidth_Bps=BW, aims=AIMS, config=b.cfg.to_dict(),
+                lm_head_kernel=args.lm_head_kernel,
                 started=time.strftime("%Y-%m-%d %H:%M:%S"))
     if b.cuda:
         props = torch.cuda.get_device_properties(b.dev)
@@ -167,6 +170,8 @@ def main(argv=None) -> int:
     status = 0
     try:
         build_engine(b)
+        b.model.head = b.model.head.with_kernel(args.lm_head_kernel)
+        log(f"LM head kernel: {b.model.head.kernel}")
         if args.unfused_norms:   # the model's own tensor-parallel path, with an identity hook
             b.model.all_reduce = lambda t: t
             log("norms: unfused (o_proj, then add_rms_norm: an identity all-reduce hook)")

@@ -16,6 +16,9 @@
 #   PART=wg bash bench/gpu_session.sh   plugins/nvfp4_wgmma against its reference (gpu_check
 #       nvfp4wg: odd sizes, graphs replayed twice, invariance to 144 rows; and nvfp4) and timed
 #       beside nvfp4_gemv at 1-144 rows (bench/plugins.py --only nvfp4 --quick) (~2 min).
+#   PART=wf bash bench/gpu_session.sh   whole full-size decode and verification steps with the
+#       NVFP4 LM head on nvfp4_gemv, then on nvfp4_wgmma (bench/fullsize.py --lm-head-kernel;
+#       default PDL) (~5 min).
 #   PART=gp bash bench/gpu_session.sh   Nsight Compute on the probes' wgmma forms at one row
 #       (LM head in rings of 2, QKV in 4 K ranges with FIXUP) and nvfp4_gemv's LM head (~6 min).
 #   PART=ab bash bench/gpu_session.sh   INT4 and FP8 paged attention at the runtime's default
@@ -209,6 +212,13 @@ case "${PART:-}" in
     step check 200 python3 bench/gpu_check.py --only nvfp4wg,nvfp4
     step nvfp4 200 python3 bench/plugins.py --only nvfp4 --quick
     pack wg
+    ;;
+  wf)
+    step fs_mma 170 python3 bench/fullsize.py --parts decode,verify --no-eager --budget 150 \
+      --out "$OUT/fs_mma"
+    step fs_wgmma 130 python3 bench/fullsize.py --parts decode,verify --no-eager --budget 110 \
+      --out "$OUT/fs_wgmma" --lm-head-kernel wgmma
+    pack wf
     ;;
   gp)
     export KOLIBRI_PDL=0

@@ -80,7 +80,7 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(args.engine, speculative=args.speculative, max_num_seqs=args.max_num_seqs,
               device=args.device, enforce_eager=args.enforce_eager,
               acceptance_method=args.acceptance_method, draft_sampling=args.draft_sampling,
-              cpu_affinity=args.cpu_affinity)
+              cpu_affinity=args.cpu_affinity, lm_head_kernel=args.lm_head_kernel)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed)
     prompts = _prompts(args)
@@ -138,7 +138,8 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
     engine_args = EngineArgs(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                              kv_cache_memory=args.kv_cache_memory,
-                             cpu_affinity=args.cpu_affinity)
+                             cpu_affinity=args.cpu_affinity,
+                             lm_head_kernel=args.lm_head_kernel)
     serve(args.engine, host=args.host, port=args.port, api_key=api_key or None,
           speculative=args.speculative, engine_args=engine_args, max_waiting=args.max_waiting,
           model_name=args.served_model_name)
@@ -169,14 +170,17 @@ def _serve_parser(sub) -> None:
                     help="requests waiting for admission before new ones get 503")
     sv.add_argument("--served-model-name", default=None,
                     help="the `model` requests must name (default: the engine folder's name)")
-    _affinity_arg(sv)
+    _engine_option_args(sv)
     sv.set_defaults(func=_serve)
 
 
-def _affinity_arg(p) -> None:
+def _engine_option_args(p) -> None:
     p.add_argument("--cpu-affinity", default=None, metavar="CPUS",
                    help="pin the engine's host thread: gpu-local (the CPUs next to the GPU) or "
                         "a CPU list such as 0-3,8 (default: as it is)")
+    p.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
+                   help="the NVFP4 LM head's kernel: mma (nvfp4_gemv) or wgmma (nvfp4_wgmma, "
+                        "Hopper only; faster from 16 rows)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-sampling", default="coupled",
                      help="coupled | greedy: how the drafter picks a sampled stream's drafts "
                           "(coupled: with the target sampler's own noise)")
-    _affinity_arg(gen)
+    _engine_option_args(gen)
     gen.set_defaults(func=_generate)
     _serve_parser(sub)
 

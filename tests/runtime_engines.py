@@ -13,9 +13,9 @@ from kolibri_trt.tokenizer import write_tekken_tokenizer
 VOCAB = 2000
 
 
-def small_target(window: int = 24):
+def small_target(window: int = 24, hidden_size: int = 64):
     """5 layers (4 sliding + 1 full), hidden 64, 2 query / 1 KV heads of 128, vocab 2000."""
-    cfg = tiny_target_config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=5,
+    cfg = tiny_target_config(vocab_size=VOCAB, hidden_size=hidden_size, num_hidden_layers=5,
                              layer_types=(SLIDING,) * 4 + (FULL,), num_attention_heads=2,
                              num_key_value_heads=1, head_dim=128, sliding_window=window,
                              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,

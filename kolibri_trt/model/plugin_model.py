@@ -19,14 +19,16 @@ Maths: `shared/spec/kolibri-1.md` §Forward pass, `kv-cache.md`; layouts: `plugi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import torch
 
 from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_gemv_add_rms_norm,
                                  fp8_paged_attention, int4_paged_attention, moe_forward,
-                                 nvfp4_gemv, qk_norm_fold_int4, qk_norm_rope_kv_write)
+                                 nvfp4_gemv, nvfp4_wgmma, qk_norm_fold_int4,
+                                 qk_norm_rope_kv_write)
+from kolibri_trt_plugins.nvfp4_wgmma import to_wgmma_storage
 
 from ..config import KolibriConfig
 from . import ops
@@ -36,6 +38,10 @@ from .metadata import StepMetadata
 GPU_FORMATS = {"attention": ("fp8",), "experts": ("fp8",), "shared_expert": ("fp8",),
                "router": ("bf16",), "embedding": ("bf16",), "norms": ("bf16",),
                "lm_head": ("nvfp4", "fp8")}
+# kernels for an NVFP4 LM head: "mma" (nvfp4_gemv, mma.sync) or "wgmma" (nvfp4_wgmma, Hopper;
+# the weight's bytes permuted once by `Head.with_kernel`). Their bits differ; each is batch
+# invariant, so speculative decoding stays lossless with either (plugins/NOTES.md)
+HEAD_KERNELS = ("mma", "wgmma")
 
 
 @dataclass(frozen=True)
@@ -62,15 +68,38 @@ class LayerWeights:
 @dataclass(frozen=True)
 class Head:
     """The LM head: fmt "nvfp4" (weight uint8 [V, H/2], scale e4m3 [V, H/16], scale_2 fp32 [])
-    or "fp8" (weight e4m3 [V, H], scale fp32 [], scale_2 None)."""
+    or "fp8" (weight e4m3 [V, H], scale fp32 [], scale_2 None); kernel one of HEAD_KERNELS
+    ("wgmma": weight in `to_wgmma_storage`'s order, made by `with_kernel`)."""
 
     fmt: str
     weight: torch.Tensor
     scale: torch.Tensor
     scale_2: torch.Tensor | None
+    kernel: str = "mma"
+
+    def with_kernel(self, kernel: str) -> "Head":
+        """This head run by `kernel` (HEAD_KERNELS), its weight re-laid out once if needed.
+        Raises ValueError for an unknown kernel or "wgmma" on a head that is not NVFP4."""
+        if kernel not in HEAD_KERNELS:
+            raise ValueError(f"lm_head_kernel: must be one of {list(HEAD_KERNELS)}, got "
+                             f"{kernel!r}")
+        if kernel == self.kernel:
+            return self
+        if self.fmt != "nvfp4" or self.kernel != "mma":
+            raise ValueError(f"lm_head_kernel: {kernel!r} runs an NVFP4 head, this one is "
+                             f"{self.fmt!r}")
+        if self.weight.shape[1] % 128:
+            raise ValueError(f"lm_head_kernel: 'wgmma' needs hidden_size % 256 == 0, the head "
+                             f"has {2 * self.weight.shape[1]} inputs")
+        if self.weight.is_cuda and torch.cuda.get_device_capability(self.weight.device)[0] != 9:
+            raise ValueError(f"lm_head_kernel: 'wgmma' needs an sm_90 GPU (Hopper), "
+                             f"{self.weight.device} is not one")
+        return replace(self, weight=to_wgmma_storage(self.weight), kernel=kernel)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x bf16 [M, H] -> bf16 [M, V]."""
+        if self.kernel == "wgmma":
+            return nvfp4_wgmma(x, self.weight, self.scale, self.scale_2)
         if self.fmt == "nvfp4":
             return nvfp4_gemv(x, self.weight, self.scale, self.scale_2)
         return fp8_gemv(x, self.weight, self.scale)

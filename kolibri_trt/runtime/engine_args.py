@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
+from ..model.plugin_model import HEAD_KERNELS
 from ..spec.drafter_gate import GATES
 from .cpu_affinity import check_spec as check_cpu_affinity
 
@@ -47,6 +48,10 @@ class EngineArgs:
     # launching it after the step: None = on with drafts_on_device
     drafter_chain: bool | None = None
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
+    # the NVFP4 LM head's kernel on the plugins path: "mma" (nvfp4_gemv) or "wgmma"
+    # (nvfp4_wgmma, sm_90 only; H200 LM head µs at 1 / 64 / 144 rows 61.0 / 238.2 / 695.0 ->
+    # 67.0 / 121.1 / 341.9, bench/results/h200-2026-12-02e/gn3/)
+    lm_head_kernel: str = "mma"
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
     # captured, capture_error_mode "thread_local"); without it TP on CUDA needs enforce_eager
@@ -66,7 +71,8 @@ class EngineArgs:
         for name, choices in (("acceptance_method", ACCEPTANCE_METHODS), ("drafter_gate", GATES),
                               ("draft_sampling", DRAFT_SAMPLING),
                               ("drafter_attention", DRAFTER_ATTENTION),
-                              ("model_impl", MODEL_IMPLS)):
+                              ("model_impl", MODEL_IMPLS),
+                              ("lm_head_kernel", HEAD_KERNELS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: must be one of {list(choices)}, got "
                                  f"{getattr(self, name)!r}")
