@@ -5,6 +5,9 @@ does it keep fp8_gemv's one-row speed and beat it at 32-144 rows?
     python3 bench/gluon_gemv_probe.py --aot          # here, no GPU: compile for sm_90, count SASS
     python3 bench/gluon_gemv_probe.py --out DIR      # on the H200: check, then time
 
+The kernel and the weight permutation now live in plugins/_fp8_wgmma_gluon.py and
+plugins/fp8_wgmma.py (the plugin runs one setting; this probe still sweeps them).
+
 The tile computes y^T [64, MT] = W [64, K] · x^T for 64 weight rows and MT (8-128) rows of x
 with 4 warps (one warpgroup). W's e4m3 bytes are stored with each block of BK columns
 permuted (`to_storage`, once, as an engine would at load time); W's and x's tiles come in
@@ -41,20 +44,15 @@ import sys
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared,
-                                                               warpgroup_mma_init,
-                                                               warpgroup_mma_wait)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import standalone  # noqa: E402,F401  (maps kolibri_trt_plugins onto ./plugins when not installed)
-from kolibri_trt_plugins._e4m3_decode import E4M3_BF16_PTX  # noqa: E402
-from kolibri_trt_plugins._wgmma_gluon import (SHARED_BUDGET, _drain, _issue_mma,  # noqa: E402
-                                              _store_tile, _to_logical, row_segments,
+from kolibri_trt_plugins._fp8_wgmma_gluon import _wgmma_gemv  # noqa: E402
+from kolibri_trt_plugins._wgmma_gluon import (SHARED_BUDGET, row_segments,  # noqa: E402
                                               storage_layout)
+from kolibri_trt_plugins.fp8_wgmma import (relabelled_columns,  # noqa: E402
+                                           to_wgmma_storage as to_storage)
 
 BLOCK_N = 64                      # weight rows per program: one warpgroup's m64
 SHAPES = {"qkv": (3584, 2560), "o_proj": (2560, 2560)}
@@ -70,120 +68,10 @@ SAME_BITS = ((4, 128, True, 4), (5, 128, True, 4))
 REL_TOL = 2e-2    # bf16 output against the fp32 reference: a few bf16 ulps (2^-8) of the norm
 
 
-E4M3_BF16_ASM = gl.constexpr(E4M3_BF16_PTX)
-
-
-@gluon.jit
-def _e4m3_to_bf16(w):
-    """float8e4nv -> bf16 by bit placement (plugins/_e4m3_decode.py, DECODE 3): exact."""
-    return gl.inline_asm_elementwise(E4M3_BF16_ASM, "=r,=r,r", [w.to(gl.uint8, bitcast=True)],
-                                     dtype=gl.bfloat16, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_PART, m_base,
-                MT: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr,
-                WL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False,
-                FIXUP: gl.constexpr = False):
-    """y [M, N] bf16 = scale · x [M, K] · W[N, K]^T (SPLIT 1), else fp32 partials [SPLIT, M, N]
-    of the K ranges [s·K_PART, (s+1)·K_PART) into p_ptr; FIXUP: the tile's last program to
-    finish (a counter per tile in cnt_ptr) sums them in the order s = 0..SPLIT-1 and writes y
-    (no reduce launch). Rows m_base + program_id(1)·MT..; x rows past M are zero-filled, not
-    read. w_ptr holds W
-    with each BK block of a row in storage order (`to_storage`). W's and x's tiles come in
-    through a ring of STAGES shared buffers by cp.async, D = STAGES - 1 steps ahead; W's is
-    read back 16 bytes at a time in WL, decoded and relabelled into wgmma's A registers, x's
-    is wgmma's B. ASYNC: each step's wgmma runs on while the next step's copies are issued and
-    its W tile is read from shared memory, and is waited for before the decode (which may
-    reuse its A registers: ptxas does not keep them alive, AOT sm_90); the copies run D =
-    STAGES - 2 ahead so that a slot is refilled only after its wgmma ended."""
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, MT, 16])
-    cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [512 // BK, BK // 16], [4, 1], [1, 0])
-    xcp_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BK, BK // 8], [4, 1], [1, 0])
-    ws_l: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=BK // 16,
-                                                 order=[1, 0])
-    xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MT, BK], gl.bfloat16)
-    n0 = gl.program_id(0) * 64
-    m0 = m_base + gl.program_id(1) * MT
-    s = gl.program_id(2)
-    wr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cp_l))
-    wk = gl.arange(0, BK, layout=gl.SliceLayout(0, cp_l))
-    xm = m0 + gl.arange(0, MT, layout=gl.SliceLayout(1, xcp_l))
-    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xcp_l))
-    w_tile = w_ptr + wr.to(gl.int64)[:, None] * K + wk[None, :]
-    x_tile = x_ptr + gl.minimum(xm, M - 1).to(gl.int64)[:, None] * K + xk[None, :]
-    x_in = (xm < M)[:, None] & (xk < BK)[None, :]     # rows past M: zero fill, no read
-    w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, BK], ws_l)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MT, BK], xs_l)
-    acc = gl.zeros([64, MT], gl.float32, layout=acc_l)
-    k_lo = s * K_PART
-    k_last = k_lo + K_PART - BK
-    D: gl.constexpr = STAGES - 2 if ASYNC else STAGES - 1    # steps the copies run ahead
-    for i in gl.static_range(D):            # past the range: the last step again (unused)
-        kk = gl.minimum(k_lo + i * BK, k_last)
-        async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + kk)
-        async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + kk, mask=x_in)
-        async_copy.commit_group()
-    slot = 0
-    if ASYNC:
-        acc = warpgroup_mma_init(acc)       # the loop carries the in-flight accumulator
-    for k0 in range(k_lo, k_lo + K_PART, BK):
-        async_copy.wait_group(D - 1)        # this thread's copies of this step have landed,
-        fence_async_shared()                # are visible to wgmma's (async proxy) reads,
-        gl.thread_barrier()                 # for every thread; the last step's reads are done
-        nxt = (slot + D) % STAGES
-        kk = gl.minimum(k0 + D * BK, k_last)
-        async_copy.async_copy_global_to_shared(w_ring.index(nxt), w_tile + kk)
-        async_copy.async_copy_global_to_shared(x_ring.index(nxt), x_tile + kk, mask=x_in)
-        async_copy.commit_group()
-        raw = w_ring.index(slot).load(WL)
-        if ASYNC:   # the last step's wgmma reads its A registers until here: decode after it
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        acc = _issue_mma(_to_logical(_e4m3_to_bf16(raw), BK), x_ring.index(slot), acc, ASYNC)
-        slot = (slot + 1) % STAGES
-    acc = _drain(acc, ASYNC)
-    if SPLIT == 1:
-        _store_tile(acc, y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
-    else:
-        _store_tile(acc, p_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)
-        if FIXUP:
-            _fixup(acc, p_ptr, y_ptr, cnt_ptr, gl.load(s_ptr), M, N, n0, m0, SPLIT)
-
-
-@gluon.jit
-def _fixup(acc, p_ptr, y_ptr, cnt_ptr, scale, M, N, n0, m0, SPLIT: gl.constexpr):
-    """Serial split-K in the launch: after this program's partial is stored, the tile's
-    counter counts it (release: every thread's stores first, by the barrier); the program that
-    counts last (acquire) sums the SPLIT partials in the order s = 0..SPLIT-1 (read past L1),
-    writes y [M, N] bf16 times scale and zeroes the counter for the next launch."""
-    gl.thread_barrier()
-    tile = (n0 // 64) * gl.cdiv(M, 8) + m0 // 8
-    done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if done == SPLIT - 1:
-        acc_l: gl.constexpr = acc.type.layout
-        orr = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
-        om = m0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc_l))
-        omask = (om < M)[None, :] & (orr < N)[:, None]
-        at = om.to(gl.int64)[None, :] * N + orr[:, None]
-        tot = gl.load(p_ptr + at, mask=omask, other=0.0, cache_modifier=".cg")
-        for i in gl.static_range(1, SPLIT):
-            tot += gl.load(p_ptr + i * M * N + at, mask=omask, other=0.0, cache_modifier=".cg")
-        gl.store(y_ptr + at, (tot * scale).to(gl.bfloat16), mask=omask)
-        gl.store(cnt_ptr + tile, 0)
-
-
-def to_storage(w: torch.Tensor, bk: int) -> torch.Tensor:
-    """W [N, K] -> the same bytes with each BK block of a row in storage order: storage column s
-    of a block holds logical column k(s) (`_to_logical`'s relabelling, inverted), so the
-    kernel's 16-byte reads land in wgmma's A registers as W's columns. Exact (bytes move)."""
-    n, k = w.shape
-    nb = bk.bit_length() - 1
-    store_bits = [0] + list(range(3, nb)) + [1, 2]      # logical K bit of storage bit i
-    src = torch.tensor([sum(((s >> i) & 1) << store_bits[i] for i in range(nb))
-                        for s in range(bk)], device=w.device)
-    blocks = w.view(torch.uint8).view(n, k // bk, bk)
-    return blocks[:, :, src].reshape(n, k).view(w.dtype).contiguous()
+def check_relabel(bk: int) -> None:
+    """`to_storage` inverts `_to_logical` (plugins/fp8_wgmma.relabelled_columns): AssertionError
+    if a logical column would meet another column's weight."""
+    assert torch.equal(relabelled_columns(bk), torch.arange(bk)), f"BK {bk}: relabel mismatch"
 
 
 def stages_for(mt: int, bk: int, most: int = 4) -> int:
@@ -236,17 +124,6 @@ def aot(mt: int, bk: int, split: int, is_async: bool = False, most: int = 4,
         ASYNC=is_async, FIXUP=fixup),
         attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-
-
-def check_relabel(bk: int) -> None:
-    """`to_storage` inverts `_to_logical` (the same reshape and permute, in torch on column
-    indices): AssertionError if a logical column would meet another column's weight."""
-    nb = bk.bit_length() - 1
-    perm = {128: (0, 3, 4, 5, 6, 1, 2, 7), 256: (0, 3, 4, 5, 6, 7, 1, 2, 8)}[bk]
-    came_from = torch.arange(bk).reshape([1] + [2] * nb).permute(perm).reshape(bk)
-    w = torch.arange(bk, dtype=torch.uint8).reshape(1, bk)
-    stored = to_storage(w.view(torch.float8_e4m3fn), bk).view(torch.uint8).long()[0]
-    assert torch.equal(stored[came_from], torch.arange(bk)), f"BK {bk}: relabel mismatch"
 
 
 def print_aot(label: str, ck) -> None:

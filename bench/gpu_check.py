@@ -3,7 +3,7 @@
 the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager), and batch
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
-    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8gemv,fp8fused,moe,
+    python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8wg,fp8gemv,fp8fused,moe,
         splitk,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
@@ -11,7 +11,7 @@ invariance (a row computed alone equals the same row inside a larger batch, bit 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, nvfp4wg, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, normfused, qknorm,
+(nvfp4, nvfp4wg, fp8wg, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, normfused, qknorm,
 gumbel, vocabargmax)
 and
 gpu_check_drafter.py (ringattn, ropering, chainindex); the
@@ -58,6 +58,7 @@ from gpu_check_drafter import (check_chain_index, check_ring_attention,
                                check_rope_ring_write)
 from gpu_check_gemm import (  # noqa: F401
     check_fp8fused,
+    check_fp8_wgmma,
     check_fp8gemv,
     check_gemv_invariance,
     check_moe,
@@ -96,6 +97,7 @@ SECTIONS = {
     "int4_noasm": lambda g, small: check_int4_noasm(g, small),
     "nvfp4": check_nvfp4,
     "nvfp4wg": check_nvfp4_wgmma,
+    "fp8wg": check_fp8_wgmma,
     "fp8gemv": check_fp8gemv,
     "fp8fused": check_fp8fused,
     "moe": check_moe,

@@ -1,7 +1,7 @@
-"""gpu_check sections nvfp4, nvfp4wg, fp8gemv, fp8fused, moe, splitk: the GEMV kernels (NVFP4 on
-mma.sync and on wgmma, FP8; FP8 with its fused norm prologue / SwiGLU, silu, residual epilogues /
-row gather) and the MoE experts (split-K too) against their references, CUDA graph replay, batch invariance. Run through
-bench/gpu_check.py."""
+"""gpu_check sections nvfp4, nvfp4wg, fp8wg, fp8gemv, fp8fused, moe, splitk: the GEMV kernels
+(NVFP4 and FP8 on mma.sync and on wgmma; FP8 with its fused norm prologue / SwiGLU, silu,
+residual epilogues / row gather) and the MoE experts (split-K too) against their references,
+CUDA graph replay, batch invariance. Run through bench/gpu_check.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from gpu_check_base import TOL, check_graph, record
 from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins.fp8_gemv import Fusion, fp8_gemv, fp8_gemv_ref
+from kolibri_trt_plugins.fp8_wgmma import FIXUP_ROWS, fp8_wgmma
+from kolibri_trt_plugins.fp8_wgmma import to_wgmma_storage as fp8_to_wgmma
 from kolibri_trt_plugins.moe import moe_forward, moe_forward_ref
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_ref
 from kolibri_trt_plugins.nvfp4_wgmma import nvfp4_wgmma, to_wgmma_storage
@@ -39,6 +41,31 @@ def check_nvfp4(g, small):
     x = T.randn((64, 2560), g, device=B.DEV)
     w = T.nvfp4_weight(4096, 2560, g, device=B.DEV)
     check_gemv_invariance("nvfp4", lambda xx: nvfp4_gemv(xx, *w), x)
+
+
+def check_fp8_wgmma(g, small):
+    """fp8_wgmma (Gluon, sm_90) against fp8_gemv_ref on W in ModelOpt's order: QKV and o_proj
+    (4 / 5 K ranges, FIXUP to FIXUP_ROWS rows, the reduce launch past) and a one-range shape,
+    odd row counts; graphs; row 0 alone and across the FIXUP boundary against 144 rows."""
+    shapes = [(1, 3584, 2560), (3, 2560, 2560), (16, 3584, 2560), (17, 2560, 2560),
+              (80, 3584, 2560), (144, 2560, 2560), (33, 192, 384)]
+    if small:
+        shapes = [(1, 64, 128), (17, 128, 256), (33, 192, 384)]
+    for M, N, K in shapes:
+        x = T.randn((M, K), g, device=B.DEV)
+        w, s = T.fp8_weight(N, K, "tensor", g, device=B.DEV)
+        stored = fp8_to_wgmma(w)
+        out = fp8_wgmma(x, stored, s)
+        e = T.rel_err(out, fp8_gemv_ref(x, w, s))
+        msg = f"rel={e:.2e} " + check_graph(f"fp8_wgmma {M}x{K}x{N}",
+                                            lambda: fp8_wgmma(x, stored, s), out)
+        record(f"fp8_wgmma M={M} N={N} K={K}", e < TOL["gemv"], msg)
+    for N, K in ((3584, 2560), (2560, 2560)):
+        x = T.randn((144, K), g, device=B.DEV)
+        w, s = T.fp8_weight(N, K, "tensor", g, device=B.DEV)
+        stored = fp8_to_wgmma(w)
+        check_gemv_invariance(f"fp8_wgmma {N}x{K}", lambda xx: fp8_wgmma(xx, stored, s), x,
+                              ms=(1, 3, FIXUP_ROWS, FIXUP_ROWS + 1, 64, 80, 128))
 
 
 def check_nvfp4_wgmma(g, small):

@@ -16,6 +16,9 @@
 #   PART=wg bash bench/gpu_session.sh   plugins/nvfp4_wgmma against its reference (gpu_check
 #       nvfp4wg: odd sizes, graphs replayed twice, invariance to 144 rows; and nvfp4) and timed
 #       beside nvfp4_gemv at 1-144 rows (bench/plugins.py --only nvfp4 --quick) (~2 min).
+#   PART=fw bash bench/gpu_session.sh   plugins/fp8_wgmma against its reference (gpu_check fp8wg:
+#       QKV / o_proj shapes, graphs, invariance across the FIXUP boundary; and fp8gemv), timed
+#       beside fp8_gemv at 1-144 rows (bench/plugins.py --only fp8 --quick) (~3 min).
 #   PART=wf bash bench/gpu_session.sh   whole full-size decode and verification steps with the
 #       NVFP4 LM head on nvfp4_gemv, then on nvfp4_wgmma (bench/fullsize.py --lm-head-kernel;
 #       default PDL) (~5 min).
@@ -212,6 +215,13 @@ case "${PART:-}" in
     step check 200 python3 bench/gpu_check.py --only nvfp4wg,nvfp4
     step nvfp4 200 python3 bench/plugins.py --only nvfp4 --quick
     pack wg
+    ;;
+  fw)
+    export KOLIBRI_PDL=0
+    step check 240 python3 bench/gpu_check.py --only fp8wg,fp8gemv
+    step fp8 240 python3 bench/plugins.py --only fp8 --quick \
+      --gemv-rows 1,4,8,16,17,32,64,80,128,144
+    pack fw
     ;;
   wf)
     step fs_mma 170 python3 bench/fullsize.py --parts decode,verify --no-eager --budget 150 \

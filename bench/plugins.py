@@ -68,6 +68,8 @@ from kolibri_trt_plugins.moe_route import moe_route_ref  # noqa: E402
 from kolibri_trt_plugins.fp8_kv_write import fp8_kv_write  # noqa: E402
 from kolibri_trt_plugins.nvfp4_gemv import nvfp4_dequantize_ref, nvfp4_gemv  # noqa: E402
 from kolibri_trt_plugins.nvfp4_wgmma import nvfp4_wgmma, to_wgmma_storage  # noqa: E402
+from kolibri_trt_plugins.fp8_wgmma import fp8_wgmma  # noqa: E402
+from kolibri_trt_plugins.fp8_wgmma import to_wgmma_storage as to_fp8_wgmma  # noqa: E402
 from kolibri_trt_plugins.qk_norm_rope import qk_norm_rope  # noqa: E402
 from kolibri_trt_plugins.qk_norm_rope_kv_write import qk_norm_rope_kv_write  # noqa: E402
 from kolibri_trt_plugins.qk_norm_fold_int4 import (  # noqa: E402
@@ -228,12 +230,17 @@ def bench_fp8(quick):
                  "block": torch.rand((N, K // 64), device=DEV)}[mode]
             ws.append((w, s))
         wb = [w.bfloat16() for w, _ in ws[:sets_for(N * K * 2)]]
+        wg = [(to_fp8_wgmma(w), s) for w, s in ws] if mode == "tensor" else []
         for M in GEMV_ROWS:
             x = torch.randn((M, K), device=DEV).bfloat16()
             us = time_calls([lambda w=w: fp8_gemv(x, *w) for w in ws])
             st = time_calls([lambda w=w: x @ w.T for w in wb])
             report(f"fp8_gemv {mode}", f"{name} M={M} N={N} K={K}", us, nbytes_w + M * (K + N) * 2, st)
-        del ws, wb
+            if wg:   # the wgmma form (per-tensor scale only)
+                us = time_calls([lambda w=w: fp8_wgmma(x, *w) for w in wg])
+                report("fp8_wgmma", f"{name} M={M} N={N} K={K}", us, nbytes_w + M * (K + N) * 2,
+                       st)
+        del ws, wb, wg
         torch.cuda.empty_cache()
 
 

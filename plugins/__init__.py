@@ -12,9 +12,11 @@ Ops (module: public function):
     fp8_kv_write: fp8_kv_write                 new K/V into the FP8 paged cache
     attn_combine: attn_combine                 split-KV merge used by both attention ops
     nvfp4_gemv: nvfp4_gemv                     NVFP4 weight-only GEMM (LM head, drafter head)
-    nvfp4_wgmma: nvfp4_wgmma                   the same on wgmma (Hopper, Gluon; weights stored
-                                               by nvfp4_wgmma.to_wgmma_storage; not yet wired)
+    nvfp4_wgmma: nvfp4_wgmma                   the same on wgmma (Hopper, Gluon; weights by
+                                               nvfp4_wgmma.to_wgmma_storage; lm_head_kernel)
     fp8_gemv: fp8_gemv                         FP8 per-tensor / per-channel / block-1x64 GEMM
+    fp8_wgmma: fp8_wgmma                       the same (per-tensor scale) on wgmma (Hopper, Gluon;
+                                               weights by fp8_wgmma.to_wgmma_storage; not wired)
     gemv_add_rms_norm: fp8_gemv_add_rms_norm   fp8_gemv, then residual add + RMSNorm (o_proj)
     moe_route: moe_route                       router + top-k
     moe: moe_forward                           routed FP8 experts + shared expert
@@ -32,6 +34,7 @@ from .add_rms_norm import add_rms_norm
 from .attn_combine import attn_combine
 from .chain_index import chain_index
 from .fp8_gemv import fp8_gemv
+from .fp8_wgmma import fp8_wgmma
 from .fp8_kv_write import fp8_kv_write
 from .fp8_paged_attention import fp8_paged_attention
 from .gumbel_argmax import gumbel_argmax
@@ -50,6 +53,7 @@ from .vocab_argmax import vocab_argmax
 
 __all__ = [
     "add_rms_norm", "attn_combine", "chain_index", "fp8_gemv", "fp8_gemv_add_rms_norm",
+    "fp8_wgmma",
     "fp8_kv_write", "fp8_paged_attention", "gumbel_argmax", "int4_paged_attention",
     "moe_forward", "moe_route", "nvfp4_gemv", "nvfp4_wgmma",
     "qk_norm_fold_int4", "qk_norm_rope", "qk_norm_rope_kv_write", "ring_attention",

@@ -31,6 +31,7 @@ def op_cases():
         "nvfp4_gemv": (x, *T.nvfp4_weight(5, 64, g)),
         "nvfp4_wgmma": (T.randn((3, 256), g), *T.nvfp4_weight(5, 256, g)),
         "fp8_gemv": (x, *T.fp8_weight(5, 64, "block", g)),
+        "fp8_wgmma": (T.randn((3, 256), g), *T.fp8_weight(64, 256, "tensor", g)),
         "moe_route": (x, moe[0], 2, True),
         "moe_forward": (x, *moe, 2, True),
         "attn_combine": (torch.randn(3, 2), torch.rand(3, 2), torch.randn(3, 2, 128)),
