@@ -39,6 +39,7 @@ PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
 KV_FORMATS = ("hadamard-int4", "fp8")
 RESULTS: dict = {"checks": {}, "timings": [], "agreement": {}}
 DEVICE = ["cuda"]   # --device cpu: a dry run of this script on the kernels' torch references
+PLUGIN_OPTIONS: dict = {}   # EngineArgs for the kernel-path engines (--lm-head-kernel)
 
 
 def check(name: str, ok: bool, detail: str = "") -> None:
@@ -94,7 +95,8 @@ def check_graph_step(engine: Path, tag: str) -> None:
     from kolibri_trt.runtime.batch import build_metadata
     from kolibri_trt.runtime.cuda_graphs import PluginRunner
     from kolibri_trt.runtime.scheduler import ScheduledSeq
-    llm = LLM(engine, speculative="off", device=DEVICE[0], model_impl="plugins")
+    llm = LLM(engine, speculative="off", device=DEVICE[0], model_impl="plugins",
+              **PLUGIN_OPTIONS)
     eng = llm.engine
     for p in ("Guten Morgen!", "def add(a, b):", "The capital of France is"):
         eng.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
@@ -127,7 +129,8 @@ def check_graph_step(engine: Path, tag: str) -> None:
 
 def check_agreement(engine: Path, tag: str, prompts) -> None:
     cpu = LLM(engine, speculative="off")
-    gpu = LLM(engine, speculative="off", device=DEVICE[0], model_impl="plugins")
+    gpu = LLM(engine, speculative="off", device=DEVICE[0], model_impl="plugins",
+              **PLUGIN_OPTIONS)
     ref, got = [], []
     for p in prompts[:4]:
         ids = cpu.tokenizer.apply_chat_template([{"role": "user", "content": p.text}])
@@ -163,7 +166,7 @@ def lossless_and_speed(engine: Path, tag: str, prompts, max_tokens: int) -> None
             for mode, eager, on_device, chain in VARIANTS:
                 r = run(engine, mode, streams, prompts, params, device=DEVICE[0],
                         model_impl="plugins", enforce_eager=eager, drafts_on_device=on_device,
-                        drafter_chain=chain)
+                        drafter_chain=chain, **PLUGIN_OPTIONS)
                 r.update(engine=tag, temperature=temp, seed=seed, eager=eager,
                          drafts_on_device=on_device, drafter_chain=chain)
                 rows.append(r)
@@ -193,8 +196,11 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     ap.add_argument("--prompts-file", type=Path, default=PROMPTS / "spec_bench_question.jsonl")
+    ap.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
+                    help="EngineArgs.lm_head_kernel of every kernel-path engine")
     args = ap.parse_args()
     DEVICE[0] = args.device
+    PLUGIN_OPTIONS["lm_head_kernel"] = args.lm_head_kernel
     if args.make_engines:
         make_engines(args.make_engines)
         return 0

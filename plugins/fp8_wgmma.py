@@ -43,6 +43,8 @@ def to_wgmma_storage(w: torch.Tensor, bk: int = BK) -> torch.Tensor:
         raise ValueError(f"w: a 1-byte [N, K] tensor with K % {bk} == 0 (bk 128 or 256), got "
                          f"{w.dtype} {tuple(w.shape)}")
     n, k = w.shape
+    if w.is_cuda:
+        _counters(w.device)
     blocks = w.view(torch.uint8).view(n, k // bk, bk)
     return blocks[:, :, _source_columns(bk, w.device)].reshape(n, k).view(w.dtype).contiguous()
 
@@ -100,14 +102,14 @@ _COUNTERS: dict = {}
 
 
 def _counters(device) -> torch.Tensor:
-    """int32 [MAX_TILES] zeros for FIXUP on this device and stream, kept zero by each tile's
-    last program. Made on first use outside a CUDA graph capture (RuntimeError inside one)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    """int32 [MAX_TILES] zeros for FIXUP on this device, kept zero by each tile's last program
+    (so launches in order on any stream, or replayed in CUDA graphs, may share them; two
+    fp8_wgmma launches running at once on two streams may not). Made by `to_wgmma_storage`
+    for a CUDA weight (at load, outside any graph capture), else on first use."""
+    key = torch.device(device).index if torch.device(device).index is not None \
+        else torch.cuda.current_device()
     if key not in _COUNTERS:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("fp8_wgmma: call once outside CUDA graph capture on this stream "
-                               "first (its FIXUP counters are made then)")
-        _COUNTERS[key] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+        _COUNTERS[key] = torch.zeros(MAX_TILES, dtype=torch.int32, device=f"cuda:{key}")
     return _COUNTERS[key]
 
 
