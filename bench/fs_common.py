@@ -25,7 +25,7 @@ GIB = 1 << 30
 MAX_DRAFTS = 8               # num_speculative_tokens: the sliding ring holds 1 + 8 new tokens
 AIMS = {"step_vs_floor_1": 1.25, "step_vs_floor_64": 1.5, "int4_sessions_gain_64k": 0.85,
         "verify4_vs_step_1": 1.15}
-OPS = ("fp8_gemv", "nvfp4_gemv", "nvfp4_wgmma", "moe_forward", "fp8_paged_attention",
+OPS = ("fp8_gemv", "fp8_wgmma", "nvfp4_gemv", "nvfp4_wgmma", "moe_forward", "fp8_paged_attention",
        "int4_paged_attention", "qk_norm_fold_int4", "qk_norm_rope_kv_write", "add_rms_norm",
        "fp8_gemv_add_rms_norm")
 ATTR_CLASSES = ("attn_sliding", "attn_full", "qkv", "o_proj", "moe", "head", "norms")

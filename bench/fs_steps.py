@@ -128,7 +128,7 @@ def recording(b: Bench, cache: Cache):
     calls, routing = [], []
 
     def classify(name, args, kwargs):
-        if name in ("fp8_gemv", "nvfp4_gemv", "nvfp4_wgmma"):
+        if name in ("fp8_gemv", "fp8_wgmma", "nvfp4_gemv", "nvfp4_wgmma"):
             w = id(args[1])
             return "qkv" if w in qkv_ids else "o_proj" if w in o_ids else \
                 "head" if w == head_id else "other_gemv"

@@ -135,6 +135,8 @@ def parse(argv=None):
                    help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
     p.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
                    help="the NVFP4 LM head's kernel (EngineArgs.lm_head_kernel)")
+    p.add_argument("--attention-linear-kernel", default="mma", choices=("mma", "wgmma"),
+                   help="the QKV and o_proj GEMVs' kernel (EngineArgs.attention_linear_kernel)")
     args = p.parse_args(argv)
     args.parts = list(PARTS) if args.parts == "all" else [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]
@@ -154,6 +156,7 @@ def main(argv=None) -> int:
                 torch=torch.__version__, python=platform.python_version(), block_size=b.bs,
                 ring_blocks=b.ring, bandwidth_Bps=BW, aims=AIMS, config=b.cfg.to_dict(),
                 lm_head_kernel=args.lm_head_kernel,
+                attention_linear_kernel=args.attention_linear_kernel,
                 started=time.strftime("%Y-%m-%d %H:%M:%S"))
     if b.cuda:
         props = torch.cuda.get_device_properties(b.dev)
@@ -171,7 +174,9 @@ def main(argv=None) -> int:
     try:
         build_engine(b)
         b.model.head = b.model.head.with_kernel(args.lm_head_kernel)
-        log(f"LM head kernel: {b.model.head.kernel}")
+        b.model.use_linear_kernel(args.attention_linear_kernel)
+        log(f"LM head kernel: {b.model.head.kernel}, QKV / o_proj kernel: "
+            f"{b.model.linear_kernel}")
         if args.unfused_norms:   # the model's own tensor-parallel path, with an identity hook
             b.model.all_reduce = lambda t: t
             log("norms: unfused (o_proj, then add_rms_norm: an identity all-reduce hook)")

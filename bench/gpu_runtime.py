@@ -198,9 +198,12 @@ def main() -> int:
     ap.add_argument("--prompts-file", type=Path, default=PROMPTS / "spec_bench_question.jsonl")
     ap.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
                     help="EngineArgs.lm_head_kernel of every kernel-path engine")
+    ap.add_argument("--attention-linear-kernel", default="mma", choices=("mma", "wgmma"),
+                    help="EngineArgs.attention_linear_kernel of every kernel-path engine")
     args = ap.parse_args()
     DEVICE[0] = args.device
-    PLUGIN_OPTIONS["lm_head_kernel"] = args.lm_head_kernel
+    PLUGIN_OPTIONS.update(lm_head_kernel=args.lm_head_kernel,
+                          attention_linear_kernel=args.attention_linear_kernel)
     if args.make_engines:
         make_engines(args.make_engines)
         return 0

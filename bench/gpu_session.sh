@@ -19,6 +19,11 @@
 #   PART=fw bash bench/gpu_session.sh   plugins/fp8_wgmma against its reference (gpu_check fp8wg:
 #       QKV / o_proj shapes, graphs, invariance across the FIXUP boundary; and fp8gemv), timed
 #       beside fp8_gemv at 1-144 rows (bench/plugins.py --only fp8 --quick) (~3 min).
+#   PART=wl bash bench/gpu_session.sh   whole full-size steps three ways: every GEMV on mma.sync,
+#       the LM head on wgmma, the LM head and QKV / o_proj on wgmma (~7 min).
+#   PART=wr bash bench/gpu_session.sh   gpu_runtime on the trained default with the LM head and
+#       QKV / o_proj on wgmma: graphs, agreement, every speculative mode == off (~6 min).
+#                                                               carry: engines/carry-b.tar.xz
 #   PART=wf bash bench/gpu_session.sh   whole full-size decode and verification steps with the
 #       NVFP4 LM head on nvfp4_gemv, then on nvfp4_wgmma (bench/fullsize.py --lm-head-kernel;
 #       default PDL) (~5 min).
@@ -165,7 +170,7 @@ allchecks() {  # gpu_check of every kernel, gpu_runtime and gpu_drafter graphs o
   # default (engine carry-b); then PDL off for the kernel timings that follow
   unpack carry-b
   step check 240 python3 bench/gpu_check.py \
-    --only fold,int4,fp8attn,nvfp4,fp8gemv,fp8fused,moe,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
+    --only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8gemv,fp8wg,fp8fused,moe,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex
   minichecks 300 60 graphs   # 230 s cut the last settings (h200-2026-12-02b/pb, pc)
   export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
 }
@@ -222,6 +227,21 @@ case "${PART:-}" in
     step fp8 240 python3 bench/plugins.py --only fp8 --quick \
       --gemv-rows 1,4,8,16,17,32,64,80,128,144
     pack fw
+    ;;
+  wl)
+    fs="python3 bench/fullsize.py --parts decode,verify --no-eager"
+    step fs_mma 170 $fs --budget 150 --out "$OUT/fs_mma"
+    step fs_head 130 $fs --budget 110 --out "$OUT/fs_head" --lm-head-kernel wgmma
+    step fs_both 130 $fs --budget 110 --out "$OUT/fs_both" --lm-head-kernel wgmma \
+      --attention-linear-kernel wgmma
+    pack wl
+    ;;
+  wr)
+    unpack carry-b
+    step runtime 420 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file engines/prompts/spec_bench_question.jsonl --lm-head-kernel wgmma \
+      --attention-linear-kernel wgmma
+    pack wr
     ;;
   wf)
     step fs_mma 170 python3 bench/fullsize.py --parts decode,verify --no-eager --budget 150 \

@@ -80,7 +80,8 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(args.engine, speculative=args.speculative, max_num_seqs=args.max_num_seqs,
               device=args.device, enforce_eager=args.enforce_eager,
               acceptance_method=args.acceptance_method, draft_sampling=args.draft_sampling,
-              cpu_affinity=args.cpu_affinity, lm_head_kernel=args.lm_head_kernel)
+              cpu_affinity=args.cpu_affinity, lm_head_kernel=args.lm_head_kernel,
+              attention_linear_kernel=args.attention_linear_kernel)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.seed)
     prompts = _prompts(args)
@@ -139,7 +140,8 @@ def _serve(args: argparse.Namespace) -> int:
     engine_args = EngineArgs(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                              kv_cache_memory=args.kv_cache_memory,
                              cpu_affinity=args.cpu_affinity,
-                             lm_head_kernel=args.lm_head_kernel)
+                             lm_head_kernel=args.lm_head_kernel,
+                             attention_linear_kernel=args.attention_linear_kernel)
     serve(args.engine, host=args.host, port=args.port, api_key=api_key or None,
           speculative=args.speculative, engine_args=engine_args, max_waiting=args.max_waiting,
           model_name=args.served_model_name)
@@ -181,6 +183,9 @@ def _engine_option_args(p) -> None:
     p.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
                    help="the NVFP4 LM head's kernel: mma (nvfp4_gemv) or wgmma (nvfp4_wgmma, "
                         "Hopper only; faster from 16 rows)")
+    p.add_argument("--attention-linear-kernel", default="mma", choices=("mma", "wgmma"),
+                   help="the FP8 QKV and o_proj GEMVs' kernel: mma (fp8_gemv) or wgmma "
+                        "(fp8_wgmma, Hopper only; faster from 16 rows)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -189,28 +189,37 @@ def test_unknown_options_raise(engines):
         PluginRunner(runner.model, runner.caches, 1, 64, 2, 16, use_graphs=True)
 
 
-def test_wgmma_head_gives_the_mma_heads_tokens_on_cpu(tmp_path):
-    """lm_head_kernel "wgmma" permutes the NVFP4 head once at load; on CPU its reference is
-    nvfp4_gemv's on the original bytes, so greedy tokens are the same (on the H200 the two
-    kernels' bits differ: bench/gpu_check.py nvfp4wg, bench/gpu_runtime.py)."""
+def test_wgmma_kernels_give_the_mma_tokens_on_cpu(tmp_path):
+    """lm_head_kernel and attention_linear_kernel "wgmma" permute the NVFP4 head and the FP8
+    QKV / o_proj weights once at load; on CPU their references are nvfp4_gemv's and fp8_gemv's
+    on the original bytes, so greedy tokens are the same (on the H200 the kernels' bits differ:
+    bench/gpu_check.py nvfp4wg / fp8wg, bench/gpu_runtime.py)."""
     engine = write_engine(tmp_path, small_target(hidden_size=256), weights="fp8-nvfp4",
                           kv_cache="hadamard-int4")
     params = SamplingParams(max_tokens=6, temperature=0.0)
     outs = {}
     for kernel in ("mma", "wgmma"):
-        llm = LLM(engine, speculative="off", model_impl="plugins", lm_head_kernel=kernel)
-        assert llm.engine.runner.model.head.kernel == kernel
+        llm = LLM(engine, speculative="off", model_impl="plugins", lm_head_kernel=kernel,
+                  attention_linear_kernel=kernel)
+        model = llm.engine.runner.model
+        assert model.head.kernel == kernel and model.linear_kernel == kernel
         outs[kernel] = [o.token_ids for o in llm.generate(PROMPTS[:2], params)]
     assert outs["mma"] == outs["wgmma"]
 
 
-def test_wgmma_head_refuses_what_it_cannot_run(engines):
-    with pytest.raises(ValueError, match="lm_head_kernel.*256"):
+def test_wgmma_kernels_refuse_what_they_cannot_run(engines):
+    with pytest.raises(ValueError, match="lm_head_kernel.*K % 128"):   # hidden 64 = 32 bytes
         LLM(engines["fp8"], speculative="off", model_impl="plugins", lm_head_kernel="wgmma")
     with pytest.raises(ValueError, match="lm_head_kernel"):
         LLM(engines["fp8"], speculative="off", model_impl="reference", lm_head_kernel="wgmma")
     with pytest.raises(ValueError, match="lm_head_kernel"):
         LLM(engines["fp8"], speculative="off", lm_head_kernel="tma")
+    with pytest.raises(ValueError, match="attention_linear_kernel.*K % 128"):   # QKV K = 64
+        LLM(engines["fp8"], speculative="off", model_impl="plugins",
+            attention_linear_kernel="wgmma")
+    with pytest.raises(ValueError, match="attention_linear_kernel"):
+        LLM(engines["fp8"], speculative="off", model_impl="reference",
+            attention_linear_kernel="wgmma")
 
 
 def test_one_rank_fuses_the_o_proj_norm(engines, monkeypatch):

@@ -25,9 +25,10 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from kolibri_trt_plugins import (add_rms_norm, fp8_gemv, fp8_gemv_add_rms_norm,
-                                 fp8_paged_attention, int4_paged_attention, moe_forward,
-                                 nvfp4_gemv, nvfp4_wgmma, qk_norm_fold_int4,
+                                 fp8_paged_attention, fp8_wgmma, int4_paged_attention,
+                                 moe_forward, nvfp4_gemv, nvfp4_wgmma, qk_norm_fold_int4,
                                  qk_norm_rope_kv_write)
+from kolibri_trt_plugins.fp8_wgmma import to_wgmma_storage as fp8_to_wgmma
 from kolibri_trt_plugins.nvfp4_wgmma import to_wgmma_storage
 
 from ..config import KolibriConfig
@@ -42,6 +43,21 @@ GPU_FORMATS = {"attention": ("fp8",), "experts": ("fp8",), "shared_expert": ("fp
 # the weight's bytes permuted once by `Head.with_kernel`). Their bits differ; each is batch
 # invariant, so speculative decoding stays lossless with either (plugins/NOTES.md)
 HEAD_KERNELS = ("mma", "wgmma")
+# kernels for the FP8 QKV and o_proj GEMVs: "mma" (fp8_gemv) or "wgmma" (fp8_wgmma, Hopper;
+# the weights permuted once by `PluginModel.use_linear_kernel`), as HEAD_KERNELS
+LINEAR_KERNELS = ("mma", "wgmma")
+
+
+def check_wgmma_weight(option: str, weight: torch.Tensor, rows: int, cols: int) -> None:
+    """ValueError naming `option` unless weight [N, K'] has N % rows == 0 and K' % cols == 0
+    and, on CUDA, sits on an sm_90 GPU (the wgmma kernels' needs)."""
+    n, k = weight.shape
+    if n % rows or k % cols:
+        raise ValueError(f"{option}: 'wgmma' needs weights [N, K] with N % {rows} == 0 and "
+                         f"K % {cols} == 0 (as stored), got {tuple(weight.shape)}")
+    if weight.is_cuda and torch.cuda.get_device_capability(weight.device)[0] != 9:
+        raise ValueError(f"{option}: 'wgmma' needs an sm_90 GPU (Hopper), {weight.device} "
+                         f"is not one")
 
 
 @dataclass(frozen=True)
@@ -88,12 +104,7 @@ class Head:
         if self.fmt != "nvfp4" or self.kernel != "mma":
             raise ValueError(f"lm_head_kernel: {kernel!r} runs an NVFP4 head, this one is "
                              f"{self.fmt!r}")
-        if self.weight.shape[1] % 128:
-            raise ValueError(f"lm_head_kernel: 'wgmma' needs hidden_size % 256 == 0, the head "
-                             f"has {2 * self.weight.shape[1]} inputs")
-        if self.weight.is_cuda and torch.cuda.get_device_capability(self.weight.device)[0] != 9:
-            raise ValueError(f"lm_head_kernel: 'wgmma' needs an sm_90 GPU (Hopper), "
-                             f"{self.weight.device} is not one")
+        check_wgmma_weight("lm_head_kernel", self.weight, 1, 128)   # hidden_size % 256
         return replace(self, weight=to_wgmma_storage(self.weight), kernel=kernel)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,6 +131,7 @@ class PluginModel:
                  layers: Sequence[LayerWeights], head: Head | None,
                  all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config, self.embed, self.final_norm = config, embed, final_norm
+        self.linear_kernel = "mma"
         self.layers, self.head, self.all_reduce = list(layers), head, all_reduce
         self.device = embed.device
         # float64 [D] RoPE frequencies (config-only), made once: a step's tables are 3 ops
@@ -156,11 +168,34 @@ class PluginModel:
         logits = rows.new_empty(rows.shape[0], 0) if self.head is None else self.head(rows)
         return logits.float(), (torch.stack(taps, dim=1) if tap_layers else None)
 
+    def use_linear_kernel(self, kernel: str) -> None:
+        """Run QKV and o_proj with `kernel` (LINEAR_KERNELS): "wgmma" permutes every layer's
+        weights once (fp8_wgmma.to_wgmma_storage). Raises ValueError (naming
+        attention_linear_kernel) for an unknown kernel, a switch back, or weights / a GPU
+        that fp8_wgmma cannot run; at tensor-parallel ranks (all_reduce set) only "mma"."""
+        if kernel not in LINEAR_KERNELS:
+            raise ValueError(f"attention_linear_kernel: must be one of {list(LINEAR_KERNELS)}, "
+                             f"got {kernel!r}")
+        if kernel == self.linear_kernel:
+            return
+        if self.linear_kernel != "mma" or self.all_reduce is not None:
+            raise ValueError(f"attention_linear_kernel: {kernel!r} runs from 'mma' at one "
+                             f"rank only")
+        for w in self.layers:
+            for weight in (w.qkv, w.o_proj):
+                check_wgmma_weight("attention_linear_kernel", weight, 64, 128)
+        self.layers = [replace(w, qkv=fp8_to_wgmma(w.qkv), o_proj=fp8_to_wgmma(w.o_proj))
+                       for w in self.layers]
+        self.linear_kernel = kernel
+
     def _o_proj(self, w: LayerWeights, a: torch.Tensor, h: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + o_proj(a), post_attention_layernorm of it), bf16 [T, H] each: one op at one
         rank (fp8_gemv_add_rms_norm: for a split-K shape the sum, the add and the norm in one
-        launch), else the all-reduce between the GEMV and the norm (the same maths)."""
+        launch), else the all-reduce between the GEMV and the norm (the same maths); with
+        linear_kernel "wgmma" fp8_wgmma, then add_rms_norm."""
+        if self.linear_kernel == "wgmma":
+            return add_rms_norm(h, fp8_wgmma(a, w.o_proj, w.o_scale), w.post_norm, eps)
         if self.all_reduce is None:
             return fp8_gemv_add_rms_norm(a, w.o_proj, w.o_scale, h, w.post_norm, eps)
         return add_rms_norm(h, self.all_reduce(fp8_gemv(a, w.o_proj, w.o_scale)), w.post_norm,
@@ -197,7 +232,8 @@ class PluginModel:
         rope: the step's (cos, sin) tables (`_rope_tables`), used by sliding layers."""
         cfg = self.config
         t, d, hq, hkv = x.shape[0], cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = fp8_gemv(x, w.qkv, w.qkv_scale).view(t, hq + 2 * hkv, d)
+        gemv = fp8_wgmma if self.linear_kernel == "wgmma" else fp8_gemv
+        qkv = gemv(x, w.qkv, w.qkv_scale).view(t, hq + 2 * hkv, d)
         q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]   # views, head stride d
         sliding = cfg.is_sliding(i)
         tables = meta.sliding_block_tables if sliding else meta.full_block_tables

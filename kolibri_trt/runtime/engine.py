@@ -131,14 +131,16 @@ class LLMEngine:
         if impl == "auto":
             impl = "plugins" if self.device.type == "cuda" else "reference"
         if impl == "reference":
-            if args.lm_head_kernel != "mma":
-                raise ValueError(f"lm_head_kernel: {args.lm_head_kernel!r} is a kernel of "
-                                 f"model_impl 'plugins', this engine runs 'reference'")
+            for name in ("lm_head_kernel", "attention_linear_kernel"):
+                if getattr(args, name) != "mma":
+                    raise ValueError(f"{name}: {getattr(args, name)!r} is a kernel of "
+                                     f"model_impl 'plugins', this engine runs 'reference'")
             model, rotations, scales = load_target(engine_dir, self.manifest, self.device)
             target = model
         else:
             model, target, scales = load_plugin_target(engine_dir, self.manifest, self.device)
             model.head = model.head.with_kernel(args.lm_head_kernel)
+            model.use_linear_kernel(args.attention_linear_kernel)
         self.config, self.model_impl = model.config, impl
         geometry = plan_cache(self.config, self.manifest.kv, args, args.max_num_batched_tokens)
         self.cache = KVCache(self.config, self.manifest.kv, geometry, scales, self.device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
-from ..model.plugin_model import HEAD_KERNELS
+from ..model.plugin_model import HEAD_KERNELS, LINEAR_KERNELS
 from ..spec.drafter_gate import GATES
 from .cpu_affinity import check_spec as check_cpu_affinity
 
@@ -52,6 +52,10 @@ class EngineArgs:
     # (nvfp4_wgmma, sm_90 only; H200 LM head µs at 1 / 64 / 144 rows 61.0 / 238.2 / 695.0 ->
     # 67.0 / 121.1 / 341.9, bench/results/h200-2026-12-02e/gn3/)
     lm_head_kernel: str = "mma"
+    # the FP8 QKV and o_proj GEMVs' kernel on the plugins path: "mma" (fp8_gemv) or "wgmma"
+    # (fp8_wgmma, sm_90 only; H200 QKV µs at 1 / 64 / 144 rows 5.4 / 12.0 / 25.7 -> 5.9 / 8.9 /
+    # 17.9, bench/results/h200-2026-12-02e/fw/)
+    attention_linear_kernel: str = "mma"
     enforce_eager: bool = False          # True: no CUDA graphs on the plugins path
     # experimental: tensor parallelism on CUDA with CUDA graphs (each rank's NCCL all-reduces
     # captured, capture_error_mode "thread_local"); without it TP on CUDA needs enforce_eager
@@ -72,7 +76,8 @@ class EngineArgs:
                               ("draft_sampling", DRAFT_SAMPLING),
                               ("drafter_attention", DRAFTER_ATTENTION),
                               ("model_impl", MODEL_IMPLS),
-                              ("lm_head_kernel", HEAD_KERNELS)):
+                              ("lm_head_kernel", HEAD_KERNELS),
+                              ("attention_linear_kernel", LINEAR_KERNELS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: must be one of {list(choices)}, got "
                                  f"{getattr(self, name)!r}")

@@ -321,7 +321,7 @@ class TPLLMEngine(LLMEngine):
     Raises:
         ValueError: naming tensor_parallel_size (not the engine's tp_size, not enough CUDA
             devices) or the weight group the kernel path cannot run (model_impl "plugins");
-            lm_head_kernel other than "mma";
+            lm_head_kernel or attention_linear_kernel other than "mma";
         TPError: a worker failed to start or load (its traceback in the message).
     """
 
@@ -332,9 +332,10 @@ class TPLLMEngine(LLMEngine):
         dev = torch.device(device)
         manifest = Manifest.read(engine_dir)
         check_tensor_parallel_size(manifest, tensor_parallel_size)
-        if args.lm_head_kernel != "mma":
-            raise ValueError(f"lm_head_kernel: {args.lm_head_kernel!r} runs at "
-                             f"tensor_parallel_size 1 only (rank 0's head is 'mma')")
+        for name in ("lm_head_kernel", "attention_linear_kernel"):
+            if getattr(args, name) != "mma":
+                raise ValueError(f"{name}: {getattr(args, name)!r} runs at "
+                                 f"tensor_parallel_size 1 only")
         if resolve_model_impl(args.model_impl, dev) == "plugins":
             check_gpu_formats(manifest)          # before any worker is spawned
         if dev.type == "cuda" and torch.cuda.device_count() < (dev.index or 0) + \
