@@ -3,9 +3,9 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia and cc, fz, gb, gk, st, tr, zu) were
-# removed once their results were written up: each results README (bench/results/*/README.md) names the
-# commit whose bench/gpu_session.sh holds the part it ran.
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw and cc, fz, gb, gk,
+# st, tr, zu) were removed once their results were written up: each results README
+# (bench/results/*/README.md) names the commit whose bench/gpu_session.sh holds the part it ran.
 #
 #   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
 #       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
@@ -13,25 +13,11 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
-#   PART=wg bash bench/gpu_session.sh   plugins/nvfp4_wgmma against its reference (gpu_check
-#       nvfp4wg: odd sizes, graphs replayed twice, invariance to 144 rows; and nvfp4) and timed
-#       beside nvfp4_gemv at 1-144 rows (bench/plugins.py --only nvfp4 --quick) (~2 min).
-#   PART=fw bash bench/gpu_session.sh   plugins/fp8_wgmma against its reference (gpu_check fp8wg:
-#       QKV / o_proj shapes, graphs, invariance across the FIXUP boundary; and fp8gemv), timed
-#       beside fp8_gemv at 1-144 rows (bench/plugins.py --only fp8 --quick) (~3 min).
 #   PART=wl bash bench/gpu_session.sh   whole full-size steps three ways: every GEMV on mma.sync,
 #       the LM head on wgmma, the LM head and QKV / o_proj on wgmma (~7 min).
 #   PART=wr bash bench/gpu_session.sh   gpu_runtime on the trained default with the LM head and
 #       QKV / o_proj on wgmma: graphs, agreement, every speculative mode == off (~6 min).
 #                                                               carry: engines/carry-b.tar.xz
-#   PART=wf bash bench/gpu_session.sh   whole full-size decode and verification steps with the
-#       NVFP4 LM head on nvfp4_gemv, then on nvfp4_wgmma (bench/fullsize.py --lm-head-kernel;
-#       default PDL) (~5 min).
-#   PART=gp bash bench/gpu_session.sh   Nsight Compute on the probes' wgmma forms at one row
-#       (LM head in rings of 2, QKV in 4 K ranges with FIXUP) and nvfp4_gemv's LM head (~6 min).
-#   PART=ab bash bench/gpu_session.sh   INT4 and FP8 paged attention at the runtime's default
-#       page size (16 tokens) beside 64, B = 1-64, 4k-128k: bench/plugins.py --only attn
-#       --attn-blocks 16,64 (~3 min; timing only).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -215,19 +201,6 @@ case "${PART:-}" in
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
     ;;
-  wg)
-    export KOLIBRI_PDL=0
-    step check 200 python3 bench/gpu_check.py --only nvfp4wg,nvfp4
-    step nvfp4 200 python3 bench/plugins.py --only nvfp4 --quick
-    pack wg
-    ;;
-  fw)
-    export KOLIBRI_PDL=0
-    step check 240 python3 bench/gpu_check.py --only fp8wg,fp8gemv
-    step fp8 240 python3 bench/plugins.py --only fp8 --quick \
-      --gemv-rows 1,4,8,16,17,32,64,80,128,144
-    pack fw
-    ;;
   wl)
     fs="python3 bench/fullsize.py --parts decode,verify --no-eager"
     step fs_mma 170 $fs --budget 150 --out "$OUT/fs_mma"
@@ -242,25 +215,6 @@ case "${PART:-}" in
       --prompts-file engines/prompts/spec_bench_question.jsonl --lm-head-kernel wgmma \
       --attention-linear-kernel wgmma
     pack wr
-    ;;
-  wf)
-    step fs_mma 170 python3 bench/fullsize.py --parts decode,verify --no-eager --budget 150 \
-      --out "$OUT/fs_mma"
-    step fs_wgmma 130 python3 bench/fullsize.py --parts decode,verify --no-eager --budget 110 \
-      --out "$OUT/fs_wgmma" --lm-head-kernel wgmma
-    pack wf
-    ;;
-  gp)
-    export KOLIBRI_PDL=0
-    ncuprof gluon_nvfp4_m1 _wgmma_nvfp4 1
-    ncuprof nvfp4_m1 _nvfp4_gemv_kernel 1
-    ncuprof gluon_qkv_m1 _wgmma_gemv 1
-    pack gp
-    ;;
-  ab)
-    export KOLIBRI_PDL=0
-    step attn_blocks 400 python3 bench/plugins.py --only attn --attn-blocks 16,64
-    pack ab
     ;;
   gn)
     export KOLIBRI_PDL=0

@@ -16,7 +16,8 @@ Ops (module: public function):
                                                nvfp4_wgmma.to_wgmma_storage; lm_head_kernel)
     fp8_gemv: fp8_gemv                         FP8 per-tensor / per-channel / block-1x64 GEMM
     fp8_wgmma: fp8_wgmma                       the same (per-tensor scale) on wgmma (Hopper, Gluon;
-                                               weights by fp8_wgmma.to_wgmma_storage; not wired)
+                                               weights by fp8_wgmma.to_wgmma_storage;
+                                               attention_linear_kernel)
     gemv_add_rms_norm: fp8_gemv_add_rms_norm   fp8_gemv, then residual add + RMSNorm (o_proj)
     moe_route: moe_route                       router + top-k
     moe: moe_forward                           routed FP8 experts + shared expert
