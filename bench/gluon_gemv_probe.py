@@ -51,6 +51,7 @@ import standalone  # noqa: E402,F401  (maps kolibri_trt_plugins onto ./plugins w
 from kolibri_trt_plugins._fp8_wgmma_gluon import _wgmma_gemv  # noqa: E402
 from kolibri_trt_plugins._wgmma_gluon import (SHARED_BUDGET, row_segments,  # noqa: E402
                                               storage_layout)
+from kolibri_trt_plugins.fp8_wgmma import _counters as counters  # noqa: E402
 from kolibri_trt_plugins.fp8_wgmma import (relabelled_columns,  # noqa: E402
                                            to_wgmma_storage as to_storage)
 
@@ -77,16 +78,6 @@ def check_relabel(bk: int) -> None:
 def stages_for(mt: int, bk: int, most: int = 4) -> int:
     """Shared buffers in the ring: up to `most`, as many as SHARED_BUDGET holds (at least 2)."""
     return max(2, min(most, SHARED_BUDGET // (64 * bk + mt * bk * 2)))
-
-
-_COUNTERS: dict = {}
-
-
-def counters(device) -> torch.Tensor:
-    """int32 [4096] zeros, one per (n-tile, 8-row group), kept zero by FIXUP's last programs."""
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(4096, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
 
 
 def wgmma_gemv(x, w_stored, scale, split: int, bk: int, is_async: bool = False,
