@@ -105,14 +105,14 @@ def wgmma_gemv(x, w_stored, scale, split: int, bk: int, is_async: bool = False,
 
 
 def aot(mt: int, bk: int, split: int, is_async: bool = False, most: int = 4,
-        fixup: bool = False):
+        fixup: bool = False, pdl: int = 0):
     sig = dict(w_ptr="*fp8e4nv", x_ptr="*bf16", s_ptr="*fp32", y_ptr="*bf16", p_ptr="*fp32",
                cnt_ptr="*i32", M="i32", N="i32", K="i32", K_PART="i32", m_base="i32",
                MT="constexpr", BK="constexpr", SPLIT="constexpr", WL="constexpr",
-               STAGES="constexpr", ASYNC="constexpr", FIXUP="constexpr")
+               STAGES="constexpr", ASYNC="constexpr", FIXUP="constexpr", PDL="constexpr")
     src = GluonASTSource(_wgmma_gemv, sig, constexprs=dict(
         MT=mt, BK=bk, SPLIT=split, WL=storage_layout(bk), STAGES=stages_for(mt, bk, most),
-        ASYNC=is_async, FIXUP=fixup),
+        ASYNC=is_async, FIXUP=fixup, PDL=pdl),
         attrs={(k,): [["tt.divisibility", 16]] for k in range(10)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 

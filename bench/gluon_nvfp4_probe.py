@@ -81,15 +81,15 @@ def wgmma_nvfp4(x, w_stored, weight_scale, weight_scale_2, split: int, is_async:
     return (total * (weight_scale_2 * 65536.0)).to(torch.bfloat16)
 
 
-def aot(mt: int, split: int, is_async: bool = False):
+def aot(mt: int, split: int, is_async: bool = False, pdl: int = 0):
     sig = dict(w_ptr="*u8", ws_ptr="*fp8e4nv", gs_ptr="*fp32", x_ptr="*bf16", y_ptr="*bf16",
                M="i32", N="i32", K="i32", sw_n="i32", ss_n="i32", STEPS="i32", m_base="i32",
                MT="constexpr", SPLIT="constexpr",
                WB="constexpr", SL="constexpr", L3="constexpr", STAGES="constexpr",
-               ASYNC="constexpr")
+               ASYNC="constexpr", PDL="constexpr")
     src = GluonASTSource(_wgmma_nvfp4, sig, constexprs=dict(
         MT=mt, SPLIT=split, WB=storage_layout(128), SL=SCALE_LAYOUT, L3=BCAST_LAYOUT,
-        STAGES=stages_for(mt), ASYNC=is_async),
+        STAGES=stages_for(mt), ASYNC=is_async, PDL=pdl),
         attrs={(k,): [["tt.divisibility", 16]] for k in range(11)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
 

@@ -22,7 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from ._e4m3_decode import E4M3_BF16_PTX
-from ._wgmma_gluon import _drain, _issue_mma, _store_tile, _to_logical
+from ._wgmma_gluon import _drain, _issue_mma, _store_tile, _to_logical, pdl_enter, pdl_release
 
 E4M3_BF16_ASM = gl.constexpr(E4M3_BF16_PTX)
 
@@ -38,7 +38,7 @@ def _e4m3_to_bf16(w):
 def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_PART, m_base,
                 MT: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr,
                 WL: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False,
-                FIXUP: gl.constexpr = False):
+                FIXUP: gl.constexpr = False, PDL: gl.constexpr = 0):
     """y [M, N] bf16 = scale · x [M, K] · W[N, K]^T (SPLIT 1), else fp32 partials [SPLIT, M, N]
     of the K ranges [s·K_PART, (s+1)·K_PART) into p_ptr; FIXUP: the tile's last program to
     finish (a counter per tile in cnt_ptr) sums them in the order s = 0..SPLIT-1 and writes y
@@ -50,7 +50,10 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_PART, m_b
     is wgmma's B. ASYNC: each step's wgmma runs on while the next step's copies are issued and
     its W tile is read from shared memory, and is waited for before the decode (which may
     reuse its A registers: ptxas does not keep them alive, AOT sm_90); the copies run D =
-    STAGES - 2 ahead so that a slot is refilled only after its wgmma ended."""
+    STAGES - 2 ahead so that a slot is refilled only after its wgmma ended. PDL (the launch
+    mode, plugins/_common.py): the first D steps' W copies are issued before the wait for the
+    kernel before (W is written once, at load), x's after it; the first cp.async group then
+    holds those W copies and x's first step, so the loop's waits are unchanged."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, MT, 16])
     cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [512 // BK, BK // 16], [4, 1], [1, 0])
@@ -75,8 +78,11 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_PART, m_b
     k_last = k_lo + K_PART - BK
     D: gl.constexpr = STAGES - 2 if ASYNC else STAGES - 1    # steps the copies run ahead
     for i in gl.static_range(D):            # past the range: the last step again (unused)
+        async_copy.async_copy_global_to_shared(w_ring.index(i),
+                                               w_tile + gl.minimum(k_lo + i * BK, k_last))
+    pdl_enter(PDL)                          # x (and the FIXUP counters) after the wait
+    for i in gl.static_range(D):
         kk = gl.minimum(k_lo + i * BK, k_last)
-        async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + kk)
         async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + kk, mask=x_in)
         async_copy.commit_group()
     slot = 0
@@ -96,6 +102,7 @@ def _wgmma_gemv(w_ptr, x_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_PART, m_b
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = _issue_mma(_to_logical(_e4m3_to_bf16(raw), BK), x_ring.index(slot), acc, ASYNC)
         slot = (slot + 1) % STAGES
+    pdl_release(PDL)
     acc = _drain(acc, ASYNC)
     if SPLIT == 1:
         _store_tile(acc, y_ptr, gl.load(s_ptr), M, N, n0, m0, s, SPLIT)

@@ -22,7 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_init,
                                                                warpgroup_mma_wait)
 
-from ._wgmma_gluon import _drain, _issue_mma, _store_tile, _to_logical
+from ._wgmma_gluon import _drain, _issue_mma, _store_tile, _to_logical, pdl_enter, pdl_release
 from .nvfp4_gemv import E2M1_BF16_PTX
 
 SCALE_LAYOUT = gl.DistributedLinearLayout(   # [64, 16] scales: a row's 16 in one thread
@@ -73,11 +73,14 @@ def _scales_to_bytes(sb, WB: gl.constexpr, L3: gl.constexpr):
 @gluon.jit
 def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS, m_base,
                  MT: gl.constexpr, SPLIT: gl.constexpr, WB: gl.constexpr, SL: gl.constexpr,
-                 L3: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False):
+                 L3: gl.constexpr, STAGES: gl.constexpr, ASYNC: gl.constexpr = False,
+                 PDL: gl.constexpr = 0):
     """y [M, N] bf16 (SPLIT 1) or fp32 partials [SPLIT, M, N] (unscaled by weight_scale_2 ·
     2^16: the probe's host code applies it) of x · W^T, W in storage order (`to_storage`);
     program_id(2) takes STEPS steps of 256 columns. sw_n = K/2 and ss_n = K/16 (the row
-    strides, as arguments so that they are known divisible by 16: 16-byte cp.async)."""
+    strides, as arguments so that they are known divisible by 16: 16-byte cp.async). PDL (the
+    launch mode, plugins/_common.py): the first D steps' weight and scale copies are issued
+    before the wait for the kernel before (both written once, at load), x's after it."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, MT, 16])
     cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])     # [64, 128] B
@@ -111,6 +114,9 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
         j = gl.minimum(j_lo + i, j_last)
         async_copy.async_copy_global_to_shared(w_ring.index(i), w_tile + j * 128)
         async_copy.async_copy_global_to_shared(s_ring.index(i), s_tile + j * 16)
+    pdl_enter(PDL)                          # x after the wait
+    for i in gl.static_range(D):
+        j = gl.minimum(j_lo + i, j_last)
         async_copy.async_copy_global_to_shared(x_ring.index(i), x_tile + j * 256, mask=x_in)
         async_copy.commit_group()
     if ASYNC:
@@ -134,4 +140,5 @@ def _wgmma_nvfp4(w_ptr, ws_ptr, gs_ptr, x_ptr, y_ptr, M, N, K, sw_n, ss_n, STEPS
         w = _to_logical(gl.reshape(gl.join(lo, hi), [64, 256]), 256)
         acc = _issue_mma(w, x_ring.index(slot), acc, ASYNC)
         slot = (slot + 1) % STAGES
+    pdl_release(PDL)
     _store_tile(_drain(acc, ASYNC), y_ptr, gl.load(gs_ptr) * 65536.0, M, N, n0, m0, s, SPLIT)

@@ -21,21 +21,65 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 SHARED_BUDGET = 200 * 1024   # bytes of the ring (the H200 gives a program up to 227 KiB)
 
 
+@gluon.jit
+def _griddepcontrol(WAIT: gl.constexpr):
+    """PTX griddepcontrol.wait (WAIT) or .launch_dependents, as triton.language.extra.cuda's
+    gdc_wait / gdc_launch_dependents (which Gluon's semantics do not take)."""
+    if WAIT:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def pdl_enter(PDL: gl.constexpr):
+    """plugins/_common.py's `pdl_enter` for Gluon kernels (the same modes 0-3, given by
+    `_common.launch`): before a kernel's first read of memory that the kernel before it may
+    write. The wgmma GEMVs issue their weights' first copies before it (weights are written
+    once, at load)."""
+    if PDL == 1:
+        _griddepcontrol(False)
+    if PDL != 0:
+        _griddepcontrol(True)
+    if PDL == 3:
+        _griddepcontrol(False)
+
+
+@gluon.jit
+def pdl_release(PDL: gl.constexpr):
+    """plugins/_common.py's `pdl_release` for Gluon kernels: mode 2 lets the next kernel
+    launch (placed after the main loop)."""
+    if PDL == 2:
+        _griddepcontrol(False)
+
+
 def tile_rows(m: int) -> int:
     """MT for m rows: the power of two >= m in 8-128 (wgmma's N; tiles only group rows)."""
     return max(8, min(128, 1 << (max(m, 1) - 1).bit_length()))
 
 
+ONE_LAUNCH_ROWS = 8
+"""Rows past the full 128-row tiles that take one launch of tile_rows whatever their count.
+8 is the form measured so far (9 rows -> 8 + 8). 64 (9 -> 16, 17 -> 32, 33 -> 64: one launch)
+is prepared and not yet run on a GPU: on the H100 with PDL, one stream verifying 9 tokens took
+8.209 ms a step with QKV, o_proj and the head on wgmma against 7.736 on mma.sync's one launch
+(bench/results/h100-2026-12-07/wp/); `bench/gpu_session.sh` PART=wq checks and times it."""
+
+
 def row_segments(m: int) -> list[tuple[int, int, int]]:
-    """(first row, MT, tiles) launches covering m rows: full 128-row tiles, then the largest
-    power of two the rest fills, then tile_rows of what is left (80 -> 64 + 16, 144 -> 128 +
-    16, 100 -> 64 + 64): x rows past m cost wgmma work, so no tile is mostly empty."""
+    """(first row, MT, tiles) launches covering m rows: full 128-row tiles, then the rest in
+    one launch of tile_rows up to ONE_LAUNCH_ROWS rows, past it the largest power of two the
+    rest fills and tile_rows of what is left (80 -> 64 + 16, 100 -> 64 + 64, 144 -> 128 + 16;
+    at ONE_LAUNCH_ROWS 8 also 9 -> 8 + 8): x rows past m cost wgmma work, so no tile is mostly
+    empty."""
     segs, m0 = [], 0
     if m > 128:
         segs.append((0, 128, m // 128))
         m0 = 128 * (m // 128)
     rest = m - m0
-    if rest > 8 and rest & (rest - 1):
+    if rest > ONE_LAUNCH_ROWS and rest & (rest - 1):
         low = 1 << (rest.bit_length() - 1)
         segs.append((m0, low, 1))
         m0, rest = m0 + low, rest - low

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (NAMESPACE, check_scalar_tensor, check_tensor, kernel_path,
-                      require_triton)
+from ._common import (NAMESPACE, check_scalar_tensor, check_tensor, early_launch, kernel_path,
+                      launch, require_triton)
 from .fp8_gemv import fp8_gemv_ref
 
 BK = 128          # K per step: the permutation's block
@@ -129,9 +129,10 @@ def _launch(x, w_stored, scale) -> torch.Tensor:
     part = y if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
     cnt = _counters(x.device) if fixup else part
     for m0, mt, tiles in row_segments(M):
-        _wgmma_gemv[(N // BLOCK_N, tiles, split)](
-            w_stored, x, scale, y, part, cnt, M, N, K, K // split, m0, MT=mt, BK=BK, SPLIT=split,
-            WL=storage_layout(BK), STAGES=STAGES, ASYNC=ASYNC, FIXUP=fixup, num_warps=4)
+        launch(_wgmma_gemv, (N // BLOCK_N, tiles, split),
+               w_stored, x, scale, y, part, cnt, M, N, K, K // split, m0, MT=mt, BK=BK,
+               SPLIT=split, WL=storage_layout(BK), STAGES=STAGES, ASYNC=ASYNC, FIXUP=fixup,
+               num_warps=4, pdl_early=early_launch("gemv", M))
     if split > 1 and not fixup:
         launch_reduce(part, scale, y, NO_FUSION, 0, False)
     return y

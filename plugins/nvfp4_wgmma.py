@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NAMESPACE, check_scalar_tensor, check_tensor, kernel_path, require_triton
+from ._common import (NAMESPACE, check_scalar_tensor, check_tensor, early_launch, kernel_path,
+                      launch, require_triton)
 from .nvfp4_gemv import nvfp4_gemv_ref
 
 BLOCK_BYTES = 128    # a K step of 256 values: the permutation's block
@@ -92,10 +93,11 @@ def _launch(x, weight_stored, weight_scale, weight_scale_2) -> torch.Tensor:
     N = weight_stored.shape[0]
     y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     for m0, mt, tiles in row_segments(M):
-        _wgmma_nvfp4[(-(-N // 64), tiles, 1)](
-            weight_stored, weight_scale, weight_scale_2, x, y, M, N, K, K // 2, K // 16,
-            K // 256, m0, MT=mt, SPLIT=1, WB=storage_layout(BLOCK_BYTES), SL=SCALE_LAYOUT,
-            L3=BCAST_LAYOUT, STAGES=STAGES, ASYNC=False, num_warps=4)
+        launch(_wgmma_nvfp4, (-(-N // 64), tiles, 1),
+               weight_stored, weight_scale, weight_scale_2, x, y, M, N, K, K // 2, K // 16,
+               K // 256, m0, MT=mt, SPLIT=1, WB=storage_layout(BLOCK_BYTES), SL=SCALE_LAYOUT,
+               L3=BCAST_LAYOUT, STAGES=STAGES, ASYNC=False, num_warps=4,
+               pdl_early=early_launch("gemv", M))
     return y
 
 

@@ -57,3 +57,27 @@ def test_wrapper_names_the_bad_argument(bad, match):
 def test_storage_rejects_a_partial_block():
     with pytest.raises(ValueError, match="w:"):
         to_wgmma_storage(torch.zeros((2, 100)).to(torch.float8_e4m3fn))
+
+
+@pytest.mark.parametrize("one_launch", [8, 64])
+def test_row_segments_cover_each_row_once(one_launch, monkeypatch):
+    """The row launches of both wgmma GEMVs at 1-299 rows: every row in exactly one
+    power-of-two tile of 8-128 rows, one launch up to ONE_LAUNCH_ROWS rows past the full
+    128-row tiles, no launch of which more than half is padding past 8 rows."""
+    pytest.importorskip("triton.experimental.gluon")
+    from kolibri_trt_plugins import _wgmma_gluon
+    monkeypatch.setattr(_wgmma_gluon, "ONE_LAUNCH_ROWS", one_launch)
+    row_segments, ONE_LAUNCH_ROWS = _wgmma_gluon.row_segments, one_launch
+    assert len(row_segments(9)) == (2 if one_launch == 8 else 1)
+    for m in range(1, 300):
+        segs = row_segments(m)
+        rows, end = [], 0
+        for m0, mt, tiles in segs:
+            assert m0 == end and mt in (8, 16, 32, 64, 128) and tiles >= 1, (m, segs)
+            end = m0 + mt * tiles
+            rows += list(range(m0, min(end, m)))
+            assert mt == 8 or min(end, m) - m0 > mt * tiles // 2, (m, segs)
+        assert rows == list(range(m)) and end >= m, (m, segs)
+        rest = m % 128 if m > 128 else m
+        if rest and rest <= ONE_LAUNCH_ROWS:
+            assert len(segs) == (1 if m <= 128 else 2), (m, segs)

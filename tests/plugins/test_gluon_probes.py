@@ -42,15 +42,23 @@ def test_nvfp4_relabel_pairs_nibbles():
 COMPILE = """
 import gluon_gemv_probe as f, gluon_nvfp4_probe as n
 for ck in (f.aot(8, 128, 1), f.aot(8, 128, 1, True), n.aot(8, 1)):
-    assert "wgmma.mma_async" in ck.asm["ptx"]
+    assert "wgmma.mma_async" in ck.asm["ptx"] and "griddepcontrol" not in ck.asm["ptx"]
+for ck in (f.aot(8, 128, 4, True, fixup=True, pdl=2), n.aot(8, 1, pdl=2)):
+    ptx = ck.asm["ptx"].splitlines()
+    at = [i for i, line in enumerate(ptx) if "griddepcontrol" in line]
+    assert ["wait" in ptx[i] for i in at] == [True, False], at   # wait, then the release
+    copies = [i for i, line in enumerate(ptx) if line.strip().startswith("cp.async.c")]
+    assert copies[0] < at[0] < copies[-1]    # weights' copies before the wait, x's after
 print("ok")
 """
 
 
 def test_probes_compile_for_sm90():
     """Both kernels compile for sm_90 at 8 token columns (one K split; the FP8 one also
-    asynchronous), wgmma in the PTX. In a fresh process: the interpreter, which other tests
-    run, patches triton.language's builtins that Gluon's compiler shares."""
+    asynchronous, and in 4 K ranges with FIXUP), wgmma in the PTX; under PDL mode 2 the wait
+    comes after the weights' first copies and the release once, later. In a fresh process:
+    the interpreter, which other tests run, patches triton.language's builtins that Gluon's
+    compiler shares."""
     done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True,
                           timeout=600, cwd=BENCH)
     assert done.returncode == 0, done.stderr[-3000:]

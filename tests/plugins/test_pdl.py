@@ -120,3 +120,19 @@ def test_early_launch_groups(monkeypatch):
     bad = subprocess.run([sys.executable, "-c", "import kolibri_trt_plugins._common"], env=env,
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "KOLIBRI_PDL_EARLY_TOKENS: a token count" in bad.stderr
+
+
+@pytest.mark.parametrize("module, name, weights", [
+    ("_fp8_wgmma_gluon", "_wgmma_gemv", "w_ring"),
+    ("_nvfp4_wgmma_gluon", "_wgmma_nvfp4", "s_ring")])
+def test_gluon_kernels_wait_after_the_weights_first_copies(module, name, weights):
+    """The wgmma GEMVs (Gluon) take part too: a PDL parameter, the wait after the prologue's
+    weight (and scale) copies and before any x copy, the release after the main loop (their
+    PTX order: tests/plugins/test_gluon_probes.py)."""
+    pytest.importorskip("triton.experimental.gluon")
+    k = getattr(importlib.import_module(f"kolibri_trt_plugins.{module}"), name)
+    assert "PDL" in k.arg_names
+    src = inspect.getsource(k.fn)
+    enter, release = src.index("pdl_enter(PDL)"), src.index("pdl_release(PDL)")
+    assert src.index(f"{weights}.index(i)") < enter < src.index("x_ring.index(i)") < release
+    assert src.count("pdl_enter(PDL)") == 1 and src.count("pdl_release(PDL)") == 1
