@@ -62,6 +62,7 @@ from fs_parts import part_decode, part_kv, part_verify  # noqa: E402
 from fs_profile import part_profile  # noqa: E402
 from fs_drafter import part_drafter  # noqa: E402
 from fs_figures import figures  # noqa: E402
+from kolibri_trt.model.plugin_model import auto_head_kernel  # noqa: E402
 
 
 # =============================================================================== summary
@@ -133,8 +134,9 @@ def parse(argv=None):
                    help="A/B: o_proj, then add_rms_norm (the model's tensor-parallel path)")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                    help="a plugin module setting for this run, e.g. moe_experts.ALIGN_TOKENS=64")
-    p.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
-                   help="the NVFP4 LM head's kernel (EngineArgs.lm_head_kernel)")
+    p.add_argument("--lm-head-kernel", default="auto", choices=("auto", "mma", "wgmma"),
+                   help="the NVFP4 LM head's kernel (EngineArgs.lm_head_kernel; default auto, "
+                        "as the engine's: wgmma on sm_90)")
     p.add_argument("--attention-linear-kernel", default="mma", choices=("mma", "wgmma"),
                    help="the QKV and o_proj GEMVs' kernel (EngineArgs.attention_linear_kernel)")
     args = p.parse_args(argv)
@@ -173,7 +175,10 @@ def main(argv=None) -> int:
     status = 0
     try:
         build_engine(b)
-        b.model.head = b.model.head.with_kernel(args.lm_head_kernel)
+        head, kernel = b.model.head, args.lm_head_kernel
+        if kernel == "auto":
+            kernel = auto_head_kernel(head.fmt, tuple(head.weight.shape), b.dev)
+        b.model.head = head.with_kernel(kernel)
         b.model.use_linear_kernel(args.attention_linear_kernel)
         log(f"LM head kernel: {b.model.head.kernel}, QKV / o_proj kernel: "
             f"{b.model.linear_kernel}")

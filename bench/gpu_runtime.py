@@ -34,6 +34,7 @@ import standalone  # noqa: E402  (repository on sys.path; plugins/ by path)
 
 from kolibri_trt import LLM, SamplingParams  # noqa: E402
 from kolibri_trt.prompts import load_prompts  # noqa: E402
+from plugin_settings import apply_settings  # noqa: E402
 
 PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
 KV_FORMATS = ("hadamard-int4", "fp8")
@@ -196,11 +197,15 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     ap.add_argument("--prompts-file", type=Path, default=PROMPTS / "spec_bench_question.jsonl")
-    ap.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
-                    help="EngineArgs.lm_head_kernel of every kernel-path engine")
+    ap.add_argument("--lm-head-kernel", default="auto", choices=("auto", "mma", "wgmma"),
+                    help="EngineArgs.lm_head_kernel of every kernel-path engine (default auto, "
+                         "EngineArgs' default)")
     ap.add_argument("--attention-linear-kernel", default="mma", choices=("mma", "wgmma"),
                     help="EngineArgs.attention_linear_kernel of every kernel-path engine")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="a plugin module setting for this run, e.g. _wgmma_gluon.ONE_LAUNCH_ROWS=64")
     args = ap.parse_args()
+    apply_settings(args.set)
     DEVICE[0] = args.device
     PLUGIN_OPTIONS.update(lm_head_kernel=args.lm_head_kernel,
                           attention_linear_kernel=args.attention_linear_kernel)

@@ -3,8 +3,8 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw and cc, fz, gb, gk,
-# st, tr, zu) were removed once their results were written up: each results README
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw, wl, wp, wr and cc,
+# fz, gb, gk, st, tr, zu) were removed once their results were written up: each results README
 # (bench/results/*/README.md) names the commit whose bench/gpu_session.sh holds the part it ran.
 #
 #   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
@@ -13,10 +13,10 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
-#   PART=wl bash bench/gpu_session.sh   whole full-size steps three ways: every GEMV on mma.sync,
-#       the LM head on wgmma, the LM head and QKV / o_proj on wgmma (~7 min).
-#   PART=wr bash bench/gpu_session.sh   gpu_runtime on the trained default with the LM head and
-#       QKV / o_proj on wgmma: graphs, agreement, every speculative mode == off (~6 min).
+#   PART=wq bash bench/gpu_session.sh   the wgmma GEMVs' rows past 8 in one launch up to 64
+#       (_wgmma_gluon.ONE_LAUNCH_ROWS=64): gpu_check fp8wg, nvfp4wg; gpu_runtime on the trained
+#       default (head "auto", QKV / o_proj on wgmma: graphs, every speculative mode == off);
+#       whole steps (QKV / o_proj and the head on wgmma) at 8 against 64 (~10 min).
 #                                                               carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
@@ -201,20 +201,17 @@ case "${PART:-}" in
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
     ;;
-  wl)
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager"
-    step fs_mma 170 $fs --budget 150 --out "$OUT/fs_mma"
-    step fs_head 130 $fs --budget 110 --out "$OUT/fs_head" --lm-head-kernel wgmma
-    step fs_both 130 $fs --budget 110 --out "$OUT/fs_both" --lm-head-kernel wgmma \
-      --attention-linear-kernel wgmma
-    pack wl
-    ;;
-  wr)
+  wq)
     unpack carry-b
-    step runtime 420 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file engines/prompts/spec_bench_question.jsonl --lm-head-kernel wgmma \
-      --attention-linear-kernel wgmma
-    pack wr
+    S=(--set _wgmma_gluon.ONE_LAUNCH_ROWS=64)
+    step check 60 python3 bench/gpu_check.py --only fp8wg,nvfp4wg "${S[@]}"
+    step runtime 330 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file engines/prompts/spec_bench_question.jsonl \
+      --attention-linear-kernel wgmma "${S[@]}"
+    fs="python3 bench/fullsize.py --parts decode,verify --no-eager"
+    step fs_8 120 $fs --budget 100 --out "$OUT/fs_8" --attention-linear-kernel wgmma
+    step fs_64 80 $fs --budget 60 --out "$OUT/fs_64" --attention-linear-kernel wgmma "${S[@]}"
+    pack wq
     ;;
   gn)
     export KOLIBRI_PDL=0

@@ -180,9 +180,10 @@ def _engine_option_args(p) -> None:
     p.add_argument("--cpu-affinity", default=None, metavar="CPUS",
                    help="pin the engine's host thread: gpu-local (the CPUs next to the GPU) or "
                         "a CPU list such as 0-3,8 (default: as it is)")
-    p.add_argument("--lm-head-kernel", default="mma", choices=("mma", "wgmma"),
-                   help="the NVFP4 LM head's kernel: mma (nvfp4_gemv) or wgmma (nvfp4_wgmma, "
-                        "Hopper only; faster from 16 rows)")
+    p.add_argument("--lm-head-kernel", default="auto", choices=("auto", "mma", "wgmma"),
+                   help="the NVFP4 LM head's kernel: mma (nvfp4_gemv), wgmma (nvfp4_wgmma, "
+                        "Hopper only; faster from 16 rows) or auto (wgmma on Hopper at one "
+                        "rank, else mma; the default)")
     p.add_argument("--attention-linear-kernel", default="mma", choices=("mma", "wgmma"),
                    help="the FP8 QKV and o_proj GEMVs' kernel: mma (fp8_gemv) or wgmma "
                         "(fp8_wgmma, Hopper only; faster from 16 rows)")

@@ -207,6 +207,26 @@ def test_wgmma_kernels_give_the_mma_tokens_on_cpu(tmp_path):
     assert outs["mma"] == outs["wgmma"]
 
 
+def test_auto_head_kernel_takes_wgmma_only_where_it_runs(engines, monkeypatch):
+    """lm_head_kernel "auto" (the default): "mma" on CPU, for an FP8 head and for H % 256 !=
+    0; "wgmma" for an NVFP4 head on an sm_90 GPU (the capability stubbed: no GPU here); an
+    engine on CPU loads with the mma head."""
+    from kolibri_trt.model import plugin_model as pm
+    cuda = torch.device("cuda", 0)
+    assert pm.auto_head_kernel("nvfp4", (1024, 1280), torch.device("cpu")) == "mma"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    pytest.importorskip("triton.experimental.gluon")
+    assert pm.auto_head_kernel("nvfp4", (1024, 1280), cuda) == "wgmma"
+    assert pm.auto_head_kernel("fp8", (1024, 2560), cuda) == "mma"
+    assert pm.auto_head_kernel("nvfp4", (1024, 32), cuda) == "mma"          # H = 64
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 1))
+    assert pm.auto_head_kernel("nvfp4", (1024, 1280), cuda) == "mma"        # GB10
+    monkeypatch.undo()
+    llm = LLM(engines["fp8"], speculative="off", model_impl="plugins")
+    assert llm.engine.args.lm_head_kernel == "auto"
+    assert llm.engine.runner.model.head.kernel == "mma"
+
+
 def test_wgmma_kernels_refuse_what_they_cannot_run(engines):
     with pytest.raises(ValueError, match="lm_head_kernel.*K % 128"):   # hidden 64 = 32 bytes
         LLM(engines["fp8"], speculative="off", model_impl="plugins", lm_head_kernel="wgmma")

@@ -43,6 +43,8 @@ GPU_FORMATS = {"attention": ("fp8",), "experts": ("fp8",), "shared_expert": ("fp
 # the weight's bytes permuted once by `Head.with_kernel`). Their bits differ; each is batch
 # invariant, so speculative decoding stays lossless with either (plugins/NOTES.md)
 HEAD_KERNELS = ("mma", "wgmma")
+# EngineArgs.lm_head_kernel's choices: HEAD_KERNELS or "auto" (`auto_head_kernel`)
+HEAD_KERNEL_OPTIONS = ("auto",) + HEAD_KERNELS
 # kernels for the FP8 QKV and o_proj GEMVs: "mma" (fp8_gemv) or "wgmma" (fp8_wgmma, Hopper;
 # the weights permuted once by `PluginModel.use_linear_kernel`), as HEAD_KERNELS
 LINEAR_KERNELS = ("mma", "wgmma")
@@ -58,6 +60,22 @@ def check_wgmma_weight(option: str, weight: torch.Tensor, rows: int, cols: int) 
     if weight.is_cuda and torch.cuda.get_device_capability(weight.device)[0] != 9:
         raise ValueError(f"{option}: 'wgmma' needs an sm_90 GPU (Hopper), {weight.device} "
                          f"is not one")
+
+
+def auto_head_kernel(fmt: str, weight_shape: tuple[int, int], device: torch.device) -> str:
+    """lm_head_kernel "auto": "wgmma" for an NVFP4 head (weight_shape [V, H/2] bytes, H % 256
+    == 0) on an sm_90 GPU where Gluon imports (Triton >= 3.6), else "mma". H100, whole
+    full-size steps with PDL (bench/results/h100-2026-12-07/wp/): 1 stream 2.800 -> 2.809 ms,
+    64 streams 26.360 -> 26.248, 16 x 9-token verification 33.483 -> 33.134."""
+    if fmt != "nvfp4" or weight_shape[1] % 128 or device.type != "cuda":
+        return "mma"
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return "mma"
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return "mma"
+    return "wgmma"
 
 
 @dataclass(frozen=True)

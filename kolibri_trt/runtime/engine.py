@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..engine_format import TARGET_DIR
+from ..model.plugin_model import auto_head_kernel
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
@@ -132,14 +133,18 @@ class LLMEngine:
             impl = "plugins" if self.device.type == "cuda" else "reference"
         if impl == "reference":
             for name in ("lm_head_kernel", "attention_linear_kernel"):
-                if getattr(args, name) != "mma":
+                if getattr(args, name) not in ("mma", "auto"):
                     raise ValueError(f"{name}: {getattr(args, name)!r} is a kernel of "
                                      f"model_impl 'plugins', this engine runs 'reference'")
             model, rotations, scales = load_target(engine_dir, self.manifest, self.device)
             target = model
         else:
             model, target, scales = load_plugin_target(engine_dir, self.manifest, self.device)
-            model.head = model.head.with_kernel(args.lm_head_kernel)
+            head_kernel = args.lm_head_kernel
+            if head_kernel == "auto":
+                head = model.head
+                head_kernel = auto_head_kernel(head.fmt, tuple(head.weight.shape), self.device)
+            model.head = model.head.with_kernel(head_kernel)
             model.use_linear_kernel(args.attention_linear_kernel)
         self.config, self.model_impl = model.config, impl
         geometry = plan_cache(self.config, self.manifest.kv, args, args.max_num_batched_tokens)

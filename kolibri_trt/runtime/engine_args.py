@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..drafter.plugin_weights import ATTN_IMPLS as DRAFTER_ATTENTION
-from ..model.plugin_model import HEAD_KERNELS, LINEAR_KERNELS
+from ..model.plugin_model import HEAD_KERNEL_OPTIONS, LINEAR_KERNELS
 from ..spec.drafter_gate import GATES
 from .cpu_affinity import check_spec as check_cpu_affinity
 
@@ -48,10 +48,11 @@ class EngineArgs:
     # launching it after the step: None = on with drafts_on_device
     drafter_chain: bool | None = None
     model_impl: str = "auto"             # "reference" | "plugins" | "auto" (plugins on CUDA)
-    # the NVFP4 LM head's kernel on the plugins path: "mma" (nvfp4_gemv) or "wgmma"
+    # the NVFP4 LM head's kernel on the plugins path: "mma" (nvfp4_gemv), "wgmma"
     # (nvfp4_wgmma, sm_90 only; H200 LM head µs at 1 / 64 / 144 rows 61.0 / 238.2 / 695.0 ->
-    # 67.0 / 121.1 / 341.9, bench/results/h200-2026-12-02e/gn3/)
-    lm_head_kernel: str = "mma"
+    # 67.0 / 121.1 / 341.9, bench/results/h200-2026-12-02e/gn3/) or "auto" (wgmma where it
+    # runs, at one rank; else mma: model/plugin_model.py `auto_head_kernel`)
+    lm_head_kernel: str = "auto"
     # the FP8 QKV and o_proj GEMVs' kernel on the plugins path: "mma" (fp8_gemv) or "wgmma"
     # (fp8_wgmma, sm_90 only; H200 QKV µs at 1 / 64 / 144 rows 5.4 / 12.0 / 25.7 -> 5.9 / 8.9 /
     # 17.9, bench/results/h200-2026-12-02e/fw/)
@@ -76,7 +77,7 @@ class EngineArgs:
                               ("draft_sampling", DRAFT_SAMPLING),
                               ("drafter_attention", DRAFTER_ATTENTION),
                               ("model_impl", MODEL_IMPLS),
-                              ("lm_head_kernel", HEAD_KERNELS),
+                              ("lm_head_kernel", HEAD_KERNEL_OPTIONS),
                               ("attention_linear_kernel", LINEAR_KERNELS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: must be one of {list(choices)}, got "

@@ -321,7 +321,7 @@ class TPLLMEngine(LLMEngine):
     Raises:
         ValueError: naming tensor_parallel_size (not the engine's tp_size, not enough CUDA
             devices) or the weight group the kernel path cannot run (model_impl "plugins");
-            lm_head_kernel or attention_linear_kernel other than "mma";
+            lm_head_kernel or attention_linear_kernel other than "mma" (or "auto": mma);
         TPError: a worker failed to start or load (its traceback in the message).
     """
 
@@ -333,7 +333,7 @@ class TPLLMEngine(LLMEngine):
         manifest = Manifest.read(engine_dir)
         check_tensor_parallel_size(manifest, tensor_parallel_size)
         for name in ("lm_head_kernel", "attention_linear_kernel"):
-            if getattr(args, name) != "mma":
+            if getattr(args, name) not in ("mma", "auto"):   # "auto" is "mma" at TP ranks
                 raise ValueError(f"{name}: {getattr(args, name)!r} runs at "
                                  f"tensor_parallel_size 1 only")
         if resolve_model_impl(args.model_impl, dev) == "plugins":
