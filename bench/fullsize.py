@@ -62,7 +62,6 @@ from fs_parts import part_decode, part_kv, part_verify  # noqa: E402
 from fs_profile import part_profile  # noqa: E402
 from fs_drafter import part_drafter  # noqa: E402
 from fs_figures import figures  # noqa: E402
-from kolibri_trt.model.plugin_model import auto_head_kernel  # noqa: E402
 
 
 # =============================================================================== summary
@@ -175,10 +174,7 @@ def main(argv=None) -> int:
     status = 0
     try:
         build_engine(b)
-        head, kernel = b.model.head, args.lm_head_kernel
-        if kernel == "auto":
-            kernel = auto_head_kernel(head.fmt, tuple(head.weight.shape), b.dev)
-        b.model.head = head.with_kernel(kernel)
+        b.model.head = b.model.head.with_kernel(args.lm_head_kernel)
         b.model.use_linear_kernel(args.attention_linear_kernel)
         log(f"LM head kernel: {b.model.head.kernel}, QKV / o_proj kernel: "
             f"{b.model.linear_kernel}")

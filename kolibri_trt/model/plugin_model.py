@@ -112,11 +112,14 @@ class Head:
     kernel: str = "mma"
 
     def with_kernel(self, kernel: str) -> "Head":
-        """This head run by `kernel` (HEAD_KERNELS), its weight re-laid out once if needed.
-        Raises ValueError for an unknown kernel or "wgmma" on a head that is not NVFP4."""
-        if kernel not in HEAD_KERNELS:
-            raise ValueError(f"lm_head_kernel: must be one of {list(HEAD_KERNELS)}, got "
+        """This head run by `kernel` (HEAD_KERNEL_OPTIONS; "auto": `auto_head_kernel`), its
+        weight re-laid out once if needed. Raises ValueError for an unknown kernel or "wgmma"
+        on a head that is not NVFP4."""
+        if kernel not in HEAD_KERNEL_OPTIONS:
+            raise ValueError(f"lm_head_kernel: must be one of {list(HEAD_KERNEL_OPTIONS)}, got "
                              f"{kernel!r}")
+        if kernel == "auto":
+            kernel = auto_head_kernel(self.fmt, tuple(self.weight.shape), self.weight.device)
         if kernel == self.kernel:
             return self
         if self.fmt != "nvfp4" or self.kernel != "mma":

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from ..engine_format import TARGET_DIR
-from ..model.plugin_model import auto_head_kernel
 from ..sampling import SamplingParams
 from ..spec.drafter_proposer import DrafterProposer
 from ..spec.metrics import SpecMetrics
@@ -140,11 +139,7 @@ class LLMEngine:
             target = model
         else:
             model, target, scales = load_plugin_target(engine_dir, self.manifest, self.device)
-            head_kernel = args.lm_head_kernel
-            if head_kernel == "auto":
-                head = model.head
-                head_kernel = auto_head_kernel(head.fmt, tuple(head.weight.shape), self.device)
-            model.head = model.head.with_kernel(head_kernel)
+            model.head = model.head.with_kernel(args.lm_head_kernel)
             model.use_linear_kernel(args.attention_linear_kernel)
         self.config, self.model_impl = model.config, impl
         geometry = plan_cache(self.config, self.manifest.kv, args, args.max_num_batched_tokens)
