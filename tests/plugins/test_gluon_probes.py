@@ -48,7 +48,9 @@ for ck in (f.aot(8, 128, 4, True, fixup=True, pdl=2), n.aot(8, 1, pdl=2)):
     at = [i for i, line in enumerate(ptx) if "griddepcontrol" in line]
     assert ["wait" in ptx[i] for i in at] == [True, False], at   # wait, then the release
     copies = [i for i, line in enumerate(ptx) if line.strip().startswith("cp.async.c")]
-    assert copies[0] < at[0] < copies[-1]    # weights' copies before the wait, x's after
+    commit = next(i for i, line in enumerate(ptx) if "cp.async.commit_group" in line)
+    assert copies[0] < at[0] < commit        # the weights' first copies before the wait,
+    assert any(at[0] < i < commit for i in copies)   # x's first ones after it, same group
 print("ok")
 """
 
