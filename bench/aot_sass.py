@@ -42,8 +42,9 @@ PRESETS = {
          "ss_n")),
     "moe_gate_up": ("moe_experts", "_moe_expert_kernel", dict(
         a_ptr="*bf16", ids_ptr="*i32", w_ptr="*fp8e4nv", ws_ptr="*fp32", shw_ptr="*fp8e4nv",
-        shs_ptr="*fp32", o_ptr="*bf16", M="i32", N="i32", K="i32", N_SH="i32", K_SH="i32",
-        sa_m="i32", sa_s="i32", so_s="i32", sp_s="i32", sp_g="i32", TOPK=6, GATED=True,
+        shs_ptr="*fp32", o_ptr="*bf16", y_ptr="*bf16", cnt_ptr="*i32", M="i32", N="i32",
+        K="i32", N_SH="i32", K_SH="i32", sa_m="i32", sa_s="i32", so_s="i32", sp_s="i32",
+        sp_g="i32", sy_s="i32", TOPK=6, GATED=True,
         BLOCK_N=32, BLOCK_K=128, ROWS=16, MT=1, M_P=16, K_P=8, U_P=16, DOT_F32=False, SPLIT=1,
         DECODE=3, ONE=False, SHARED=True, SH=1, SH_TOKENS=64, BY_EXPERT=False,
         ALIGNED=False),
@@ -71,7 +72,8 @@ PRESETS["fp8_attn"] = ("fp8_paged_attention", "_fp8_attn_kernel", dict(
 for _k in ("kc_ptr", "vc_ptr", "km_ptr", "vm_ptr", "USE_ASM", "MASK_FREE", "DEFER_SUMS"):
     del PRESETS["fp8_attn"][2][_k]
 PRESETS["moe_down"] = ("moe_experts", "_moe_expert_kernel",
-                       dict(PRESETS["moe_gate_up"][2], o_ptr="*fp32", GATED=False, BLOCK_N=64),
+                       dict(PRESETS["moe_gate_up"][2], o_ptr="*fp32", y_ptr="*fp32",
+                            GATED=False, BLOCK_N=64),
                        PRESETS["moe_gate_up"][3])
 PRESETS["fp8_drafter_block"] = ("fp8_gemv", "_fp8_gemv_kernel",
                                 dict(PRESETS["fp8_qkv"][2], MODE=2, BLOCK_N=16),

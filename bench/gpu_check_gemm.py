@@ -237,6 +237,16 @@ def check_split_k(g, small):
             x = T.randn((max(Ms), H), g, device=B.DEV)
             check_gemv_invariance(f"moe SPLIT_K={sg},{sd}",
                                   lambda xx: moe_forward(xx, *wts, top_k=k), x)
+            for M in (1, 4, 9, 16):   # the sum in the launch (FIXUP_TOKENS) against the combine's
+                x = T.randn((M, H), g, device=B.DEV)
+                fixed = moe_forward(x, *wts, top_k=k)
+                fixup_tokens, me.FIXUP_TOKENS = me.FIXUP_TOKENS, 0
+                try:
+                    combined = moe_forward(x, *wts, top_k=k)
+                finally:
+                    me.FIXUP_TOKENS = fixup_tokens
+                record(f"moe SPLIT_K={sg},{sd} M={M}: summed in the launch == combine launch",
+                       torch.equal(fixed, combined), "")
     finally:
         f8.SPLIT_K, me.SPLIT_K_GATED, me.SPLIT_K_DOWN = saved
 

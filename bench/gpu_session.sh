@@ -18,6 +18,9 @@
 #       default (head "auto", QKV / o_proj on wgmma: graphs, every speculative mode == off);
 #       whole steps (QKV / o_proj and the head on wgmma) at 8 against 64 (~10 min).
 #                                                               carry: engines/carry-b.tar.xz
+#   PART=ms bash bench/gpu_session.sh   the MoE's split-K summed in the expert launch at 1-16
+#       tokens (moe_experts.FIXUP_TOKENS): gpu_check splitk (in-launch sum == combine launch,
+#       graphs, invariance) and moe; bench/moe_chunks.py --variants split (~4 min, no engine).
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -200,6 +203,11 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
+    ;;
+  ms)
+    step check 200 python3 bench/gpu_check.py --only splitk,moe
+    step chunks 240 python3 bench/moe_chunks.py --variants split --out "$OUT"
+    pack ms
     ;;
   wq)
     unpack carry-b

@@ -2,7 +2,7 @@
 """moe_forward past 64 tokens on the H200: chunk size and unit layout, full Kolibri-1 MoE shapes
 (E = 256, top-6, H = 2560, I = 768, one shared expert). One call:
 
-    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles|one]
+    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles|one|split]
 
 Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of the
 moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
@@ -14,7 +14,7 @@ The first version (chunks of 64 / 128 / 256, units by expert from 65 or 33) ran 
 bench/results/h200-2026-12-01e/oe/. Time as bench/plugins.py (one CUDA graph over 8 rotated
 input sets, median of 5 x 20 replays); bytes = router + distinct experts per call + shared +
 x/y (the least any chunking reads), TB/s and % of the 4.14 TB/s read ceiling.
-JSON: $OUT/moe_chunks.json (moe_chunks_tiles.json, moe_chunks_one.json).
+JSON: $OUT/moe_chunks.json (moe_chunks_tiles.json, moe_chunks_one.json, moe_chunks_split.json).
 """
 
 from __future__ import annotations
@@ -87,15 +87,32 @@ ONE = [
         TUNE_SWAP_WIDE=dict(num_warps=8, num_stages=3))),
 ]
 
+# --variants split: K split in the expert launches at 1-16 tokens (one stream's decode, short
+# verifications), summed in the launch (FIXUP_TOKENS, the default 16) or by the combine launch
+# (FIXUP_TOKENS 0); the first row per M is the combine form, so the in-launch sum must show the
+# same bits; the unsplit defaults follow (other bits).
+S2G, S2B = dict(SPLIT_K_GATED=2), dict(SPLIT_K_GATED=2, SPLIT_K_DOWN=2)
+SPLIT = [
+    ((1, 2, 4, 9, 16), "split 2 gate/up, combine launch", dict(S2G, FIXUP_TOKENS=0)),
+    ((1, 2, 4, 9, 16), "split 2 gate/up, in the launch", S2G),
+    ((1, 2, 4, 9, 16), "defaults (no split)", {}),
+    ((1, 2, 4, 9, 16), "split 2 both, in the launch", S2B),
+    ((1, 2, 4, 9, 16), "split 2 both, combine launches", dict(S2B, FIXUP_TOKENS=0)),
+    ((1, 2, 4, 9, 16), "split 4 gate/up, in the launch", dict(SPLIT_K_GATED=4)),
+    ((1, 2, 4, 9, 16), "split 4 gate/up, 2 down, in", dict(SPLIT_K_GATED=4, SPLIT_K_DOWN=2)),
+    ((1, 2, 4, 9, 16), "split 2 down, in the launch", dict(SPLIT_K_DOWN=2)),
+]
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp)")
-    ap.add_argument("--variants", choices=("chunks", "tiles", "one"), default="chunks",
+    ap.add_argument("--variants", choices=("chunks", "tiles", "one", "split"), default="chunks",
                     help="chunks: VARIANTS (chunk size, units, stages, shared groups); tiles: "
-                         "TILES; one: ONE (1-8 tokens: warps, stages, K step)")
+                         "TILES; one: ONE (1-8 tokens: warps, stages, K step); split: SPLIT "
+                         "(K split at 1-16 tokens, summed in the launch or by a combine)")
     args = ap.parse_args()
-    variants = {"chunks": VARIANTS, "tiles": TILES, "one": ONE}[args.variants]
+    variants = {"chunks": VARIANTS, "tiles": TILES, "one": ONE, "split": SPLIT}[args.variants]
     out = PT.out_dir()
     wts = PT.moe_weights(E, H, INTER)
     rows = []

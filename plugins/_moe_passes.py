@@ -1,7 +1,8 @@
 """One pass of the MoE's grouped expert GEMM over an expert's weight tile for one row tile
 (plugins/moe_experts.py): x·W^T with the tokens as the MMA's M (`_plain_pass`), or W·x^T with
 the weights as its A operand (`_swapped_pass`, every chunk by default; K_BLOCKS > 1: blocks
-of each K step on as many warps, `_k_blocks`), then the tile's epilogue (`_store_tile`).
+of each K step on as many warps, `_k_blocks`), then the tile's epilogue (`_store_tile`, and
+with split-K summed in the launch `_fixup_tile`).
 """
 
 from __future__ import annotations
@@ -90,3 +91,35 @@ def _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp
         tl.store(o_ptr + orow[:, None] + n[None, :], h.to(tl.bfloat16), mask=omask)
     else:
         tl.store(o_ptr + orow[:, None] + n[None, :], g * scale, mask=omask)
+
+
+@jit
+def _fixup_tile(p_ptr, y_ptr, cnt_ptr, tile, tok, tslot, valid, scale, n, nmask, sp_r, sp_s,
+                sp_g, sy_s, TOPK: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr):
+    """Split-K summed in the launch (moe_experts FIXUP): after this program's partial of row
+    tile `tile` is stored, the tile's counter counts it (release: every thread's stores first,
+    by the barrier); the program that counts last (acquire) sums the SPLIT partials in the
+    order s = 0..SPLIT-1 (read past L1), writes the rows as moe_split_combine would (the same
+    bits) into y (bf16 act or fp32 out, slot stride sy_s) and zeroes the counter for the next
+    launch. sp_r: the partials' slot stride, sp_s their split stride, sp_g up's offset."""
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if done == SPLIT - 1:
+        tl.debug_barrier()
+        row = tok.to(tl.int64) * (TOPK + 1) + tslot
+        omask = valid[:, None] & nmask[None, :]
+        po = p_ptr + (row * sp_r)[:, None] + n[None, :]
+        g = tl.load(po, mask=omask, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT):
+            g += tl.load(po + s * sp_s, mask=omask, other=0.0, cache_modifier=".cg")
+        yo = y_ptr + (row * sy_s)[:, None] + n[None, :]
+        if GATED:
+            up = tl.load(po + sp_g, mask=omask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):
+                up += tl.load(po + sp_g + s * sp_s, mask=omask, other=0.0, cache_modifier=".cg")
+            gs = g * scale
+            h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
+            tl.store(yo, h.to(tl.bfloat16), mask=omask)
+        else:
+            tl.store(yo, g * scale, mask=omask)
+        tl.store(cnt_ptr + tile, 0)

@@ -33,7 +33,7 @@ from ._e4m3_decode import check_decode
 from .moe_split_combine import launch_split_combine
 from ._moe_rows import _expert_count, _rows, _scan_rows
 from ._k_blocks import check_k_blocks
-from ._moe_passes import _plain_pass, _store_tile, _swapped_pass
+from ._moe_passes import _fixup_tile, _plain_pass, _store_tile, _swapped_pass
 
 ROWS = 16
 # Tokens per launch (callers chunk larger batches): each chunk reads its experts once, so a
@@ -94,15 +94,35 @@ TILE_LOOP = True
 SPLIT_K_GATED, SPLIT_K_DOWN = 1, 1    # K splits per pass (split_k_for; bench/plugins.py sweeps)
 # Blocks per K step of the swapped pass, a warp each (plugins/_k_blocks.py); 1: one
 K_BLOCKS = 1   # accumulator. Others: other bits, need every chunk swapped; untimed (NOTES)
+# With split-K, chunks of at most FIXUP_TOKENS tokens sum the K ranges in the launch (the last
+# program of each tile, by a counter: _moe_passes._fixup_tile) instead of moe_split_combine's
+# launch; the same bits. 0: always the combine launch. One shared unit at most (<= SHARED_TOKENS).
+FIXUP_TOKENS = 16
+MAX_FIXUP_TILES = 1 << 14   # counters per device: n-tiles x units x row tiles of one launch
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """int32 [MAX_FIXUP_TILES] zeros on `device` for FIXUP, kept zero by each tile's last
+    program (one launch at a time per device: the graphs' stream order).
+    Raises RuntimeError when first asked for inside a CUDA graph capture (run once eagerly)."""
+    key = str(device)
+    if key not in _COUNTERS:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("moe_experts: split-K counters first needed inside a CUDA graph "
+                               "capture; run the MoE once eagerly before capturing")
+        _COUNTERS[key] = torch.zeros(MAX_FIXUP_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 @jit
-def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, t,
+def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, r, is_shared, n, nmask,
+               n_out, k_in, t,
                M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK: tl.constexpr, GATED: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                M_P: tl.constexpr, K_P: tl.constexpr, DOT_F32: tl.constexpr,
                SPLIT: tl.constexpr, DECODE: tl.constexpr, ONE: tl.constexpr,
-               SWAP: tl.constexpr, ALIGNED: tl.constexpr, KB: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr, KB: tl.constexpr, FIXUP: tl.constexpr):
     """Row tile t (a compile-time constant) of one expert on this program's n-tile. Tile 0
     always has rows; a later tile first counts the expert's tokens and scans for its rows only
     when it has some (an expert rarely has more than 16 tokens: at 64 tokens most programs
@@ -110,26 +130,29 @@ def _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_ou
     if t == 0:
         tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P, ROWS,
                                          ONE, ALIGNED)
-        _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+        _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, is_shared, n, nmask,
+                   n_out, k_in, t,
                    M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED, BLOCK_N,
-                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED, KB)
+                   BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED, KB, FIXUP)
     else:
         if _expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED) > t * ROWS:
             tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
                                              ROWS, ONE, ALIGNED)
-            _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
+            _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, is_shared, n,
+                       nmask, n_out, k_in,
                        t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
                        BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP, ALIGNED,
-                       KB)
+                       KB, FIXUP)
 
 
 @jit
-def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in, t,
+def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, is_shared, n, nmask,
+               n_out, k_in, t,
                M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK: tl.constexpr,
                GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                ROWS: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
                DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
-               SWAP: tl.constexpr, ALIGNED: tl.constexpr, KB: tl.constexpr):
+               SWAP: tl.constexpr, ALIGNED: tl.constexpr, KB: tl.constexpr, FIXUP: tl.constexpr):
     """One pass over the expert's weight tile for the rows (tok, tslot, valid) of tile t.
     The K loop holds no branch, so Triton pipelines its loads (cp.async; a branch inside kept
     it from doing so: plugins/NOTES_HISTORY.md, 2026-11-30g). A second row tile re-reads the
@@ -152,16 +175,21 @@ def _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, 
                                               ROWS, ALIGNED)
     _store_tile(o_ptr, tok, tslot, valid, g, up, scale, n, nmask, so_s, sp_s, sp_g, TOPK,
                 GATED, SPLIT)
+    if FIXUP:   # split-K summed here (counter per (n-tile, unit, row tile); one shared unit)
+        tile = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.cdiv(M, ROWS) + t
+        _fixup_tile(o_ptr, y_ptr, cnt_ptr, tile, tok, tslot, valid, scale, n, nmask, so_s, sp_s,
+                    sp_g, sy_s, TOPK, GATED, SPLIT)
 
 
 @jit
-def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared,
+def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, y_ptr, cnt_ptr, sy_s, e, r,
+          is_shared,
           M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
           TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ROWS: tl.constexpr, MT: tl.constexpr, M_P: tl.constexpr, K_P: tl.constexpr,
           DOT_F32: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
           ONE: tl.constexpr, SWAP: tl.constexpr, LOOP: tl.constexpr, ALIGNED: tl.constexpr,
-          KB: tl.constexpr):
+          KB: tl.constexpr, FIXUP: tl.constexpr):
     """One expert (e, or the shared one) on n-tile program_id(0) (K range program_id(2)):
     every token that picked it, one pass over the expert's weight tile per row tile. LOOP
     (TILE_LOOP): the row tiles after the first as a runtime loop over the expert's tiles (one
@@ -179,29 +207,32 @@ def _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_share
             scale = tl.load(ws_ptr + e)
         nmask = n < n_out
         if LOOP and MT > 2:
-            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out, k_in, 0,
+            _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, r, is_shared, n,
+                       nmask, n_out, k_in, 0,
                        M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED, KB)
+                       M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED, KB, FIXUP)
             tiles = tl.cdiv(_expert_count(ids_ptr, e, M, is_shared, TOPK, M_P, K_P, ALIGNED),
                             ROWS)
             for t in range(1, tiles):
                 tok, tslot, valid, count = _rows(ids_ptr, e, r, M, t, is_shared, TOPK, M_P, K_P,
                                                  ROWS, ONE, ALIGNED)
-                _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, e, is_shared, n, nmask, n_out, k_in,
+                _tile_pass(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, is_shared,
+                           n, nmask, n_out, k_in,
                            t, M, sa_m, sa_s, so_s, sp_s, sp_g, tok, tslot, valid, TOPK, GATED,
                            BLOCK_N, BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, SWAP,
-                           ALIGNED, KB)
+                           ALIGNED, KB, FIXUP)
         else:
             for t in tl.static_range(MT):
-                _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, e, r, is_shared, n, nmask, n_out,
+                _unit_tile(a_ptr, ids_ptr, wb, scale, o_ptr, y_ptr, cnt_ptr, sy_s, e, r,
+                           is_shared, n, nmask, n_out,
                            k_in, t, M, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N,
                            BLOCK_K, ROWS, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, ALIGNED,
-                           KB)
+                           KB, FIXUP)
 
 
 @jit
-def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
-                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g,
+def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, y_ptr, cnt_ptr,
+                       M, N, K, N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, sy_s,
                        TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, MT: tl.constexpr,
                        M_P: tl.constexpr, K_P: tl.constexpr, U_P: tl.constexpr,
@@ -211,6 +242,7 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
                        LOOP: tl.constexpr = False, SH: tl.constexpr = 1,
                        SH_TOKENS: tl.constexpr = 64, BY_EXPERT: tl.constexpr = False,
                        ALIGNED: tl.constexpr = False, KB: tl.constexpr = 1,
+                       FIXUP: tl.constexpr = False,
                        PDL: tl.constexpr = 0):
     """Program (n-tile, u[, K range]). SHARED: units 0..SH-1 are the shared expert, unit j
     for tokens [j·SH_TOKENS, (j+1)·SH_TOKENS) (SH > 1 past SH_TOKENS tokens),
@@ -246,9 +278,10 @@ def _moe_expert_kernel(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr,
         prev = tl.load(ids_ptr + uu, mask=uu < tl.minimum(r, M * TOPK), other=-1)
         first = tl.sum((prev == e).to(tl.int32), 0) == 0
     if first | is_shared:
-        _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, e, r, is_shared, M, N, K,
+        _unit(a_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, o_ptr, y_ptr, cnt_ptr, sy_s, e, r,
+              is_shared, M, N, K,
               N_SH, K_SH, sa_m, sa_s, so_s, sp_s, sp_g, TOPK, GATED, BLOCK_N, BLOCK_K, ROWS,
-              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED, KB)
+              MT, M_P, K_P, DOT_F32, SPLIT, DECODE, ONE, SWAP, LOOP, ALIGNED, KB, FIXUP)
     pdl_release(PDL)      # at the end: no earlier point in this kernel (PDL 2)
 
 
@@ -289,7 +322,8 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     expert_rows: None, or the chunk's per-expert row lists int32 [E, M + 1]
     (plugins/moe_align.py) read instead of scanning ids: only for chunks of BY_EXPERT_TOKENS
     tokens or more.
-    With split_k_for(...) > 1: the expert kernel over (n-tiles, units, S), then the combine.
+    With split_k_for(...) > 1: the expert kernel over (n-tiles, units, S), then the combine
+    (up to FIXUP_TOKENS tokens: summed in the launch, the same bits).
     Raises: ValueError on more than MAX_TOKENS tokens, or rows for a chunk whose units are
     (token, slot) pairs.
     """
@@ -323,14 +357,21 @@ def launch_moe_experts(a, ids, w, ws, shw, shs, out, n, n_sh, k, k_sh, gated: bo
     shw, shs = (shw, shs) if shw is not None else (w, ws)  # placeholders: never read
     lookup = ids if expert_rows is None else expert_rows
     if split == 1:
-        launch(_moe_expert_kernel, grid, a, lookup, w, ws, shw, shs, out, M, n, k, n_sh, k_sh,
-               a.stride(0), sa_s, out.stride(1), 0, 0,
+        launch(_moe_expert_kernel, grid, a, lookup, w, ws, shw, shs, out, out, out, M, n, k,
+               n_sh, k_sh, a.stride(0), sa_s, out.stride(1), 0, 0, 0,
                pdl_early=early_launch("moe", M), **meta)
         return
     width = max(n, n_sh_eff)
     part = torch.empty((split, 2 if gated else 1, M, topk + 1, width), dtype=torch.float32,
                        device=out.device)
-    launch(_moe_expert_kernel, grid + (split,), a, lookup, w, ws, shw, shs, part, M, n, k, n_sh,
-           k_sh, a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1), SPLIT=split,
-           pdl_early=early_launch("moe", M), **meta)
-    launch_split_combine(part, ids, ws, shs, out, n, n_sh_eff, gated, split, interpret)
+    fixup = M <= min(FIXUP_TOKENS, SHARED_TOKENS)
+    tiles = grid[0] * grid[1] * cdiv(M, rows)
+    if fixup and tiles > MAX_FIXUP_TILES:
+        raise ValueError(f"moe_experts: {tiles} tiles for the split-K counters, at most "
+                         f"{MAX_FIXUP_TILES} (MAX_FIXUP_TILES)")
+    cnt = _counters(out.device) if fixup else part
+    launch(_moe_expert_kernel, grid + (split,), a, lookup, w, ws, shw, shs, part, out, cnt, M, n,
+           k, n_sh, k_sh, a.stride(0), sa_s, part.stride(3), part.stride(0), part.stride(1),
+           out.stride(1), SPLIT=split, FIXUP=fixup, pdl_early=early_launch("moe", M), **meta)
+    if not fixup:
+        launch_split_combine(part, ids, ws, shs, out, n, n_sh_eff, gated, split, interpret)

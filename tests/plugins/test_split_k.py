@@ -124,3 +124,22 @@ def test_split_combine_kernel_matches_reference(interp, gated):
         assert torch.equal(out[routed], want[routed])
         assert torch.equal(out[shared][:, :n_sh], want[shared][:, :n_sh])
     assert not out[shared][:, n_sh:].any()   # the shared expert's rows end at n_sh
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+def test_moe_split_fixup_equals_combine_launch(interp, monkeypatch, M):
+    """Split-K summed in the expert launch (FIXUP, chunks of <= FIXUP_TOKENS tokens) gives the
+    combine launch's bits, and leaves every tile counter at zero for the next launch (graphs)."""
+    monkeypatch.setattr(me, "BLOCK_K", MOE_BLOCK_K)
+    monkeypatch.setattr(me, "SPLIT_K_GATED", 2)
+    monkeypatch.setattr(me, "SPLIT_K_DOWN", 3)
+    x, wts = moe_inputs(M)
+    monkeypatch.setattr(me, "FIXUP_TOKENS", 0)
+    combined = moe_forward(x, *wts, top_k=MOE_K, interpret=True)
+    monkeypatch.setattr(me, "FIXUP_TOKENS", 16)
+    me._COUNTERS.clear()
+    fixed = moe_forward(x, *wts, top_k=MOE_K, interpret=True)
+    assert torch.equal(fixed, combined)
+    counters = me._COUNTERS[str(x.device)]
+    assert int(counters.abs().sum()) == 0
+    assert torch.equal(moe_forward(x, *wts, top_k=MOE_K, interpret=True), combined)
