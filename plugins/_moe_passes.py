@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._common import jit, tl
 from ._e4m3_decode import e4m3_to_bf16
 from ._k_blocks import k_blocks
+from ._split_k import sum_splits
 
 
 @jit
@@ -108,15 +109,11 @@ def _fixup_tile(p_ptr, y_ptr, cnt_ptr, tile, tok, tslot, valid, scale, n, nmask,
         tl.debug_barrier()
         row = tok.to(tl.int64) * (TOPK + 1) + tslot
         omask = valid[:, None] & nmask[None, :]
-        po = p_ptr + (row * sp_r)[:, None] + n[None, :]
-        g = tl.load(po, mask=omask, other=0.0, cache_modifier=".cg")
-        for s in tl.static_range(1, SPLIT):
-            g += tl.load(po + s * sp_s, mask=omask, other=0.0, cache_modifier=".cg")
+        po = (row * sp_r)[:, None] + n[None, :]
+        g = sum_splits(p_ptr, po, omask, sp_s, SPLIT, True)
         yo = y_ptr + (row * sy_s)[:, None] + n[None, :]
         if GATED:
-            up = tl.load(po + sp_g, mask=omask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT):
-                up += tl.load(po + sp_g + s * sp_s, mask=omask, other=0.0, cache_modifier=".cg")
+            up = sum_splits(p_ptr + sp_g, po, omask, sp_s, SPLIT, True)
             gs = g * scale
             h = gs / (1.0 + tl.exp(-gs)) * (up * scale)
             tl.store(yo, h.to(tl.bfloat16), mask=omask)

@@ -42,9 +42,11 @@ def k_range(k, s, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @jit
-def sum_splits(p_ptr, offs, mask, stride_s, SPLIT: tl.constexpr):
-    """Σ_s p[s·stride_s + offs] in fp32, s = 0..SPLIT-1 in that order."""
-    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
+def sum_splits(p_ptr, offs, mask, stride_s, SPLIT: tl.constexpr, CG: tl.constexpr = False):
+    """Σ_s p[s·stride_s + offs] in fp32, s = 0..SPLIT-1 in that order. CG: read past L1
+    (partials other programs of the same launch wrote)."""
+    cm: tl.constexpr = ".cg" if CG else ""
+    acc = tl.load(p_ptr + offs, mask=mask, other=0.0, cache_modifier=cm)
     for s in tl.static_range(1, SPLIT):
-        acc += tl.load(p_ptr + s * stride_s + offs, mask=mask, other=0.0)
+        acc += tl.load(p_ptr + s * stride_s + offs, mask=mask, other=0.0, cache_modifier=cm)
     return acc
