@@ -206,7 +206,11 @@ case "${PART:-}" in
     ;;
   ms)
     step check 200 python3 bench/gpu_check.py --only splitk,moe
-    step chunks 240 python3 bench/moe_chunks.py --variants split --out "$OUT"
+    step chunks 220 python3 bench/moe_chunks.py --variants split --out "$OUT"
+    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 60"
+    step fs_mma 80 $fs --out "$OUT/fs_mma"
+    step fs_wg64 80 $fs --out "$OUT/fs_wg64" --attention-linear-kernel wgmma \
+      --set _wgmma_gluon.ONE_LAUNCH_ROWS=64
     pack ms
     ;;
   wq)
