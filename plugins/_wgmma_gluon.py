@@ -60,12 +60,13 @@ def tile_rows(m: int) -> int:
     return max(8, min(128, 1 << (max(m, 1) - 1).bit_length()))
 
 
-ONE_LAUNCH_ROWS = 8
-"""Rows past the full 128-row tiles that take one launch of tile_rows whatever their count.
-8 is the form measured so far (9 rows -> 8 + 8). 64 (9 -> 16, 17 -> 32, 33 -> 64: one launch)
-is prepared and not yet run on a GPU: on the H100 with PDL, one stream verifying 9 tokens took
-8.209 ms a step with QKV, o_proj and the head on wgmma against 7.736 on mma.sync's one launch
-(bench/results/h100-2026-12-07/wp/); `bench/gpu_session.sh` PART=wq checks and times it."""
+ONE_LAUNCH_ROWS = 64
+"""Rows past the full 128-row tiles that take one launch of tile_rows whatever their count
+(9 -> 16, 17 -> 32, 33 -> 64). On the H100 with PDL, QKV / o_proj and the head on wgmma, one
+stream verifying 9 tokens took 7.426 ms a step at 64 against 7.981 at 8 (9 -> 8 + 8: two
+launches of each GEMV), and 7.499 against mma.sync's 7.594 in one call; 1-8 and 16 x 9 rows
+unchanged (bench/results/h100-2026-12-07b/wq/, ms/). gpu_check fp8wg / nvfp4wg (batch
+invariance at 1-144 rows) and gpu_runtime (every speculative mode == off) passed at 64."""
 
 
 def row_segments(m: int) -> list[tuple[int, int, int]]:
