@@ -21,6 +21,9 @@
 #   PART=ms bash bench/gpu_session.sh   the MoE's split-K summed in the expert launch at 1-16
 #       tokens (moe_experts.FIXUP_TOKENS): gpu_check splitk (in-launch sum == combine launch,
 #       graphs, invariance) and moe; bench/moe_chunks.py --variants split (~4 min, no engine).
+#   PART=fc bash bench/gpu_session.sh   final checks at the session's defaults: gpu_check of every
+#       kernel (split-K too), gpu_runtime on the trained default (head "auto", QKV / o_proj
+#       mma.sync, ONE_LAUNCH_ROWS 64) (~8 min).                   carry: engines/carry-b.tar.xz
 #   PART=a bash bench/gpu_session.sh   correctness (~5 min): the fused norm/RoPE kernels and the
 #       split-K option against their references (graphs replayed twice), the runtime's graph =
 #       eager = unpadded bits and lossless modes with the pinned metadata upload, the drafter
@@ -212,6 +215,13 @@ case "${PART:-}" in
     step fs_wg64 80 $fs --out "$OUT/fs_wg64" --attention-linear-kernel wgmma \
       --set _wgmma_gluon.ONE_LAUNCH_ROWS=64
     pack ms
+    ;;
+  fc)
+    unpack carry-b
+    step check 240 python3 bench/gpu_check.py --only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8gemv,fp8wg,fp8fused,moe,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex,splitk
+    step runtime 300 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
+      --prompts-file engines/prompts/spec_bench_question.jsonl
+    pack fc
     ;;
   wq)
     unpack carry-b
