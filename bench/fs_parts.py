@@ -14,6 +14,11 @@ from fs_common import AIMS, Bench, GIB, MAX_DRAFTS, log, med, time_graph  # noqa
 from fs_steps import cache_bytes_per_session, make_cache, measure_step, step_fn, step_meta  # noqa: E402
 
 
+# Memory a decode step needs beside its cache (activations, logits, graph pools: 64 streams'
+# logits are 32 MiB); an H100 ran 64 x 8k (a 4.2 GiB cache) next to the full-size weights.
+DECODE_RESERVE_GIB = 0.5
+
+
 # =============================================================================== parts
 def part_decode(b: Bench) -> None:
     s = b.sizes
@@ -24,8 +29,11 @@ def part_decode(b: Bench) -> None:
     for ctx in s.contexts:
         if not b.enough(20, f"decode ctx {ctx}"):
             break
-        cache = make_cache(b, "hadamard-int4", max(s.streams), ctx)
-        for n in s.streams:
+        streams = fitting_streams(b, "hadamard-int4", ctx, s.streams)
+        if not streams:
+            continue
+        cache = make_cache(b, "hadamard-int4", max(streams), ctx)
+        for n in streams:
             if not b.enough(10, f"decode {n}x{ctx}"):
                 break
             row = measure_step(b, cache, n, 1, ctx, attrib=not b.args.no_attrib,
@@ -51,6 +59,25 @@ def part_decode(b: Bench) -> None:
             b.bs, b.ring = keep, ring_blocks_needed(b.cfg.sliding_window, 1 + MAX_DRAFTS, keep)
             b.free()
     b.save()
+
+
+def fitting_streams(b: Bench, fmt: str, ctx: int, streams) -> list[int]:
+    """The stream counts whose cache at `ctx` positions fits the GPU's free memory less
+    DECODE_RESERVE_GIB (all of them on CPU); the others are noted in results["skipped"] (an H100
+    holds the full-size weights with ~2 GiB to spare: no 64 streams at 32k)."""
+    if not b.cuda:
+        return list(streams)
+    b.free()
+    budget = torch.cuda.mem_get_info()[0] - int(DECODE_RESERVE_GIB * GIB)
+    per = cache_bytes_per_session(b, fmt, ctx)
+    keep = [n for n in streams if n * per <= budget]
+    for n in streams:
+        if n not in keep:
+            what = (f"decode {n}x{ctx}: cache {n * per / GIB:.2f} GiB > {budget / GIB:.2f} GiB "
+                    f"free less the reserve")
+            log(f"SKIP {what}")
+            b.results.setdefault("skipped", []).append(what)
+    return keep
 
 
 def part_verify(b: Bench) -> None:
