@@ -21,6 +21,9 @@
 #   PART=ms bash bench/gpu_session.sh   the MoE's split-K summed in the expert launch at 1-16
 #       tokens (moe_experts.FIXUP_TOKENS): gpu_check splitk (in-launch sum == combine launch,
 #       graphs, invariance) and moe; bench/moe_chunks.py --variants split (~4 min, no engine).
+#   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
+#       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
+#       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
 #   PART=fc bash bench/gpu_session.sh   final checks at the session's defaults: gpu_check of every
 #       kernel (split-K too), gpu_runtime on the trained default (head "auto", QKV / o_proj
 #       mma.sync, ONE_LAUNCH_ROWS 64) (~8 min).                   carry: engines/carry-b.tar.xz
@@ -215,6 +218,14 @@ case "${PART:-}" in
     step fs_wg64 80 $fs --out "$OUT/fs_wg64" --attention-linear-kernel wgmma \
       --set _wgmma_gluon.ONE_LAUNCH_ROWS=64
     pack ms
+    ;;
+  hx)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step attn_blocks 150 python3 bench/plugins.py --only attn --attn-blocks 16,64
+    unset KOLIBRI_PDL
+    step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --no-eager \
+      --budget 170
+    pack hx
     ;;
   fc)
     unpack carry-b
