@@ -21,6 +21,10 @@
 #   PART=ms bash bench/gpu_session.sh   the MoE's split-K summed in the expert launch at 1-16
 #       tokens (moe_experts.FIXUP_TOKENS): gpu_check splitk (in-launch sum == combine launch,
 #       graphs, invariance) and moe; bench/moe_chunks.py --variants split (~4 min, no engine).
+#   PART=ss bash bench/gpu_session.sh   the sliding layers' attention in one program per window
+#       (fp8_paged_attention.SINGLE_SPLIT): bench/sliding_tune.py --single (B = 1-64, error
+#       against the reference, gpu_check's FP8 attention under the best), then whole decode
+#       steps without and with it (~4 min, no engine).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -218,6 +222,15 @@ case "${PART:-}" in
     step fs_wg64 80 $fs --out "$OUT/fs_wg64" --attention-linear-kernel wgmma \
       --set _wgmma_gluon.ONE_LAUNCH_ROWS=64
     pack ms
+    ;;
+  ss)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step sliding 170 python3 bench/sliding_tune.py --single --out "$OUT"
+    unset KOLIBRI_PDL
+    fs="python3 bench/fullsize.py --parts decode --no-eager --budget 40"
+    step fs_split 60 $fs --out "$OUT/fs_split"
+    step fs_single 60 $fs --out "$OUT/fs_single" --set fp8_paged_attention.SINGLE_SPLIT=True
+    pack ss
     ;;
   hx)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

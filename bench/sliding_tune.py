@@ -2,7 +2,7 @@
 """The FP8 sliding-window attention's settings on the H200 (window 513, the 40 sliding layers of
 Kolibri-1). One call:
 
-    python3 bench/sliding_tune.py [--out DIR]
+    python3 bench/sliding_tune.py [--out DIR] [--single]
 
 At 32k context, decode, GQA 20/4, blocks of 64, B = 1 and 64: the defaults
 (`fp8_paged_attention.settings(513)`) and then PART x BLOCK_N x num_warps x num_stages (GRID),
@@ -11,6 +11,9 @@ PART and BLOCK_N set the reduction order, so the bits change with them: each var
 is compared with the fp32 reference instead (rel err). The variant with the smallest sum of
 time / default time over the batches then runs gpu_check's FP8 attention checks (references,
 CUDA graphs replayed into a larger bucket, batch invariance) under its settings.
+--single: B = 1, 4, 16, 64, the defaults against fp8_paged_attention.SINGLE_SPLIT (one program
+over the whole window, no attn_combine launch) x BLOCK_N x num_warps x num_stages (GRID_SINGLE;
+PART 0 in the log), then gpu_check's FP8 attention checks under the best.
 """
 
 from __future__ import annotations
@@ -39,11 +42,14 @@ from kolibri_trt_plugins.fp8_paged_attention import (fp8_paged_attention,  # noq
 FA = importlib.import_module("kolibri_trt_plugins.fp8_paged_attention")
 WINDOW, CTX, BLK, HQ, HKV = 513, 32768, 64, 20, 4
 GRID = ([64, 128, 256], [32, 64], [1, 4], [2, 3])    # PART, BLOCK_N, num_warps, num_stages
+GRID_SINGLE = ([0], [32, 64, 128], [4, 8], [2, 3, 4])  # PART 0: SINGLE_SPLIT
 
 
 def apply(part: int, block_n: int, warps: int, stages: int) -> None:
-    FA.PART, FA.BLOCK_N = part, block_n
-    FA.TUNE.update(num_warps=warps, num_stages=stages)
+    """PART 0: the SINGLE_SPLIT form (its own launch config), else PART splits."""
+    FA.SINGLE_SPLIT = part == 0
+    FA.PART, FA.BLOCK_N = max(part, block_n), block_n
+    (FA.TUNE_SINGLE if part == 0 else FA.TUNE).update(num_warps=warps, num_stages=stages)
 
 
 def inputs(b: int):
@@ -69,13 +75,16 @@ def inputs(b: int):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
+    ap.add_argument("--single", action="store_true", help="the SINGLE_SPLIT form (GRID_SINGLE)")
+    args = ap.parse_args()   # --out (read by PT.out_dir); unknown options raise
     out = PT.out_dir()
     default = (FA.PART, FA.BLOCK_N, FA.TUNE["num_warps"], FA.TUNE["num_stages"])
-    combos = [c for c in itertools.product(*GRID) if c[0] % c[1] == 0]
+    combos = ([c for c in itertools.product(*GRID_SINGLE)] if args.single else
+              [c for c in itertools.product(*GRID) if c[0] % c[1] == 0])
+    batches = (1, 4, 16, 64) if args.single else (1, 64)
     times: dict[tuple, list[float]] = {}
     rows = []
-    for b in (1, 64):
+    for b in batches:
         calls, ref, nbytes = inputs(b)
         want = ref()
         for c, us, err in PT.variants(f"B={b}", calls, default, combos, apply,
@@ -86,11 +95,11 @@ def main() -> int:
             print(f"B={b:2d} part={c[0]:3d} block_n={c[1]:2d} warps={c[2]} stages={c[3]} "
                   f"{us:7.1f} us rel err {err:.1e}{'  (default)' if c == default else ''}",
                   flush=True)
-    full = {c: t for c, t in times.items() if len(t) == 2}
+    full = {c: t for c, t in times.items() if len(t) == len(batches)}
     score = {c: sum(a / d for a, d in zip(t, full[default])) for c, t in full.items()}
     best = min(score, key=score.get)
-    print(f"BEST {best}: B=1 {full[best][0]:.1f} us, B=64 {full[best][1]:.1f} us "
-          f"(default {full[default][0]:.1f}, {full[default][1]:.1f})", flush=True)
+    print(f"BEST {best}: " + ", ".join(f"B={b} {t:.1f} us (default {d:.1f})" for b, t, d in
+                                       zip(batches, full[best], full[default])), flush=True)
     apply(*best)
     GA.check_attention("fp8", T.gen(1002), False)
     apply(*default)
@@ -98,7 +107,7 @@ def main() -> int:
         print(f"   {'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
     failed = [r for r in GB.RESULTS if not r[1]]
     print(f"checks of {best}: {len(GB.RESULTS) - len(failed)}/{len(GB.RESULTS)} passed", flush=True)
-    (out / "sliding_tune.json").write_text(json.dumps(dict(rows=rows, best=best), indent=1))
+    (out / f"sliding_tune{'_single' if args.single else ''}.json").write_text(json.dumps(dict(rows=rows, best=best), indent=1))
     return 0 if not failed else 1
 
 

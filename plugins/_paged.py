@@ -82,6 +82,28 @@ def num_splits(max_seq_len: int, max_q_len: int, window: int, part: int) -> int:
     return cdiv(max_seq_len, part)
 
 
+def launch_paged_single(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens,
+                        sm_scale: float, max_q_len: int, window: int, interpret: bool,
+                        block_n: int, tune: dict, block_m: int = BLOCK_M) -> torch.Tensor:
+    """Launch a sliding-window kernel's SINGLE form: one program per (stream, KV head, row
+    tile) over the whole window, writing bf16 output rows (no partials, no combine). Same
+    caches and grid rows as :func:`launch_paged`, one split. Returns bf16 like q."""
+    total_q, hq, _ = q.shape
+    blk, hkv = caches[0].shape[1], caches[0].shape[2]
+    ns = block_tables.shape[0]
+    out = torch.empty_like(q)
+    if total_q == 0 or ns == 0:
+        return out
+    rt = -(-max_q_len * (hq // hkv) // block_m)
+    unused = torch.empty(1, dtype=torch.float32, device=q.device)  # m, l: not written
+    launch(kernel, (ns * hkv * rt, 1), q, *caches, block_tables, seq_lens, cu_q_lens, unused,
+           unused, out, float(sm_scale) * LOG2E, hq, hkv, hq // hkv, 1, rt,
+           block_tables.stride(0), int(window), BLOCK=blk, PART=block_n, BLOCK_M=block_m,
+           BLOCK_N=block_n, D=HEAD_DIM, DOT_F32=interpret, SINGLE=1, interpret=interpret,
+           pdl_early=early_launch("attn", total_q), **tune)
+    return out
+
+
 def partial_buffers(total_q: int, hq: int, splits: int, device):
     """Empty fp32 partials: m, l [total_q*hq, splits] and acc [total_q*hq, splits, 128]."""
     r = total_q * hq

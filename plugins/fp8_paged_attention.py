@@ -16,7 +16,7 @@ import torch
 from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
 from ._common import pdl_enter, pdl_release
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
-                     paged_attention_dense_ref, softmax_step)
+                     launch_paged_single, paged_attention_dense_ref, softmax_step)
 
 # Launch settings per layer kind (each fixed: PART and BLOCK_N set the reduction order, which
 # must not depend on the batch). Sliding layers (window > 0: at most window + q keys): splits of
@@ -27,6 +27,13 @@ from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
 PART = 64  # positions per split, sliding layers
 BLOCK_N = 64  # keys per inner step, sliding layers
 TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/plugins.py sweeps it)
+# One program per (stream, KV head, row tile) over the whole window, the output normalised in
+# the launch (no partials, no attn_combine launch): a row's keys are still visited in tiles of
+# BLOCK_N at absolute positions from its stream's first visible key, so its bits depend on its
+# own stream alone (batch invariant), but differ from the split form's. Off until measured on
+# a GPU: `python3 bench/sliding_tune.py --single` (False: PART splits + attn_combine).
+SINGLE_SPLIT = False
+TUNE_SINGLE = dict(num_warps=4, num_stages=3)  # launch config of the SINGLE_SPLIT form
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
 # on the H200 at 32k (plugins/NOTES.md, "Pipelined loads"): num_stages 5 gives two K/V buffers
 # (2-4 compile to one: the page lookup takes a stage); one warp per program keeps the row
@@ -47,7 +54,7 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
                      m_ptr, l_ptr, acc_ptr, qk_scale, HQ, HKV, G, S, RT, bt_stride, window,
                      BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr,
-                     PDL: tl.constexpr = 0):
+                     SINGLE: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     pid = tl.program_id(0)
     j = tl.program_id(1)
@@ -66,9 +73,13 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
         row = ((q_start + tq) * HQ + hq).to(tl.int64)
         d = tl.arange(0, D)
         lo_u = tl.where(window > 0, tl.maximum(seq_len - q_len - window + 1, 0), 0)
-        p = lo_u // PART + j
-        k_lo = tl.maximum(p * PART, lo_u)
-        k_hi = tl.minimum((p + 1) * PART, seq_len)
+        if SINGLE:  # one program per row tile reads the whole window (module docstring)
+            k_lo = lo_u
+            k_hi = seq_len
+        else:
+            p = lo_u // PART + j
+            k_lo = tl.maximum(p * PART, lo_u)
+            k_hi = tl.minimum((p + 1) * PART, seq_len)
         q = tl.load(q_ptr + row[:, None] * D + d[None, :], mask=rvalid[:, None], other=0.0)
         q = q.to(tl.float16)  # e4m3 converts to fp16 in one instruction; bf16 -> fp16 is exact
         if DOT_F32:
@@ -102,9 +113,15 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
             m_i = m_new
         acc = acc * tl.load(vs_ptr)
         pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-        tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
-        tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
-        tl.store(acc_ptr + (row * S + j)[:, None] * D + d[None, :], acc, mask=rvalid[:, None])
+        if SINGLE:  # attn_combine's formula for one split; acc_ptr is the bf16 output
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(acc_ptr + row[:, None] * D + d[None, :], out.to(tl.bfloat16),
+                     mask=rvalid[:, None])
+        else:
+            tl.store(m_ptr + row * S + j, m_i, mask=rvalid)
+            tl.store(l_ptr + row * S + j, l_i, mask=rvalid)
+            tl.store(acc_ptr + (row * S + j)[:, None] * D + d[None, :], acc,
+                     mask=rvalid[:, None])
 
 
 def fp8_paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
@@ -142,6 +159,10 @@ def _(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, 
 def _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
     _, block_n, tune = settings(window)
+    if window > 0 and SINGLE_SPLIT:
+        return launch_paged_single(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale),
+                                   block_tables, seq_lens, cu_q_lens, sm_scale, max_q_len, window,
+                                   interpret, block_n, TUNE_SINGLE)
     return launch_paged(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, block_n, tune)

@@ -201,6 +201,53 @@ def test_fp8_interpreter_matches_reference(interp):
             assert T.rel_err(out, ref) < INTERP_TOL, (blk, window)
 
 
+@pytest.mark.parametrize("block_n", [32, 128])
+def test_fp8_single_split_matches_reference(interp, monkeypatch, block_n):
+    """SINGLE_SPLIT (one program over the whole window, output normalised in the launch):
+    ragged decode and verification over 16- and 64-token pages against the fp32 reference."""
+    fa = importlib.import_module("kolibri_trt_plugins.fp8_paged_attention")
+    monkeypatch.setattr(fa, "SINGLE_SPLIT", True)
+    monkeypatch.setattr(fa, "BLOCK_N", block_n)
+    monkeypatch.setattr(fa, "PART", max(block_n, fa.PART))   # unused by SINGLE, checked
+    g = T.gen(71)
+    seqs, qlens = [1, 3, 33, 75, 140], [1, 3, 2, 9, 1]
+    for blk in (16, 64):
+        bt, sl, cu, nb = T.paged_layout(seqs, qlens, blk, g)
+        kf, vf = T.fp8_cache(nb, blk, 2, g)
+        q = T.randn((sum(qlens), 10, 128), g)
+        s1, s2 = torch.tensor([0.7]), torch.tensor([1.3])
+        for window in (20, 513):
+            ref = fp8_paged_attention_ref(q, kf, vf, s1, s2, bt, sl, cu, 1 / math.sqrt(128), window)
+            out = fp8_paged_attention(q, kf, vf, s1, s2, bt, sl, cu, max(seqs), max(qlens),
+                                      window=window, interpret=True)
+            assert T.rel_err(out, ref) < INTERP_TOL, (blk, window, block_n)
+
+
+def test_fp8_single_split_rows_depend_on_their_stream_alone(interp_f64_dots, monkeypatch):
+    """SINGLE_SPLIT's batch invariance: a stream's rows alone == in a batch of others, and its
+    decode row at position L - 1 == the last row of a verification ending there (its tiles
+    start at its own first visible key; the leading all-masked tiles leave the state as is)."""
+    fa = importlib.import_module("kolibri_trt_plugins.fp8_paged_attention")
+    monkeypatch.setattr(fa, "SINGLE_SPLIT", True)
+    g = T.gen(72)
+    window, blk = 20, 16
+    seqs, qlens = [7, 61, 90], [1, 4, 1]
+    bt, sl, cu, nb = T.paged_layout(seqs, qlens, blk, g)
+    kf, vf = T.fp8_cache(nb, blk, 2, g)
+    q = T.randn((sum(qlens), 10, 128), g)
+    one = torch.tensor([1.0])
+    full = fp8_paged_attention(q, kf, vf, one, one, bt, sl, cu, 90, 4, window=window,
+                               interpret=True)
+    # stream 1 alone, as a decode of its last token (position 60: the same keys)
+    cu1 = torch.tensor([0, 1], dtype=torch.int32)
+    last = fp8_paged_attention(q[4:5], kf, vf, one, one, bt[1:2], sl[1:2], cu1, 61, 1,
+                               window=window, interpret=True)
+    assert torch.equal(last[0], full[4])
+    alone = fp8_paged_attention(q[5:6], kf, vf, one, one, bt[2:3], sl[2:3], cu1, 90, 1,
+                                window=window, interpret=True)
+    assert torch.equal(alone[0], full[5])
+
+
 def test_combine_interpreter_and_empty_splits(interp):
     g = T.gen(9)
     m = torch.randn((5, 7), generator=g)
