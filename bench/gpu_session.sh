@@ -24,7 +24,8 @@
 #   PART=ss bash bench/gpu_session.sh   the sliding layers' attention in one program per window
 #       (fp8_paged_attention.SINGLE_SPLIT): bench/sliding_tune.py --single (B = 1-64, error
 #       against the reference, gpu_check's FP8 attention under the best), then whole decode
-#       steps without and with it (~4 min, no engine).
+#       steps without and with it (~4 min, no engine). Ran at ad77b7d (h100-2026-12-07b/ss/,
+#       stages 2-4); again with stages 5-6 and 1 warp.
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).

@@ -30,10 +30,12 @@ TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/p
 # One program per (stream, KV head, row tile) over the whole window, the output normalised in
 # the launch (no partials, no attn_combine launch): a row's keys are still visited in tiles of
 # BLOCK_N at absolute positions from its stream's first visible key, so its bits depend on its
-# own stream alone (batch invariant), but differ from the split form's. Off until measured on
-# a GPU: `python3 bench/sliding_tune.py --single` (False: PART splits + attn_combine).
+# own stream alone (batch invariant), but differ from the split form's. Off: on the H100 at 32k
+# (`python3 bench/sliding_tune.py --single`, bench/results/h100-2026-12-07b/ss/) it took 15.5 /
+# 17.8 / 18.1 / 23.6 µs at B = 1 / 4 / 16 / 64 against the splits' 6.1 / 7.8 / 12.7 / 33.4 with
+# num_stages 2-4 alike (the window's 9 steps not overlapped); stages 5-6 are untried.
 SINGLE_SPLIT = False
-TUNE_SINGLE = dict(num_warps=4, num_stages=3)  # launch config of the SINGLE_SPLIT form
+TUNE_SINGLE = dict(num_warps=4, num_stages=5)  # launch config of the SINGLE_SPLIT form
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
 # on the H200 at 32k (plugins/NOTES.md, "Pipelined loads"): num_stages 5 gives two K/V buffers
 # (2-4 compile to one: the page lookup takes a stage); one warp per program keeps the row
