@@ -187,18 +187,24 @@ def test_int4_verify_rows_per_program_same_bits(interp_f64_dots):
     assert torch.equal(outs[0], outs[1])
 
 
-def test_fp8_interpreter_matches_reference(interp):
-    g = T.gen(5)
+def _fp8_interp_against_ref(seed, seqs, qlens, hq, windows, **kw):
+    """fp8_paged_attention in the interpreter against its fp32 reference, 16- and 64-token
+    pages, each window; kw: the wrapper's options (part)."""
+    g = T.gen(seed)
     for blk in (16, 64):
-        bt, sl, cu, nb = T.paged_layout(SEQS, QLENS, blk, g)
+        bt, sl, cu, nb = T.paged_layout(seqs, qlens, blk, g)
         kf, vf = T.fp8_cache(nb, blk, 2, g)
-        q = T.randn((sum(QLENS), 4, 128), g)
+        q = T.randn((sum(qlens), hq, 128), g)
         s1, s2 = torch.tensor([0.7]), torch.tensor([1.3])
-        for window in (0, 20):
+        for window in windows:
             ref = fp8_paged_attention_ref(q, kf, vf, s1, s2, bt, sl, cu, 1 / math.sqrt(128), window)
-            out = fp8_paged_attention(q, kf, vf, s1, s2, bt, sl, cu, max(SEQS), max(QLENS),
-                                      window=window, part=64, interpret=True)
+            out = fp8_paged_attention(q, kf, vf, s1, s2, bt, sl, cu, max(seqs), max(qlens),
+                                      window=window, interpret=True, **kw)
             assert T.rel_err(out, ref) < INTERP_TOL, (blk, window)
+
+
+def test_fp8_interpreter_matches_reference(interp):
+    _fp8_interp_against_ref(5, SEQS, QLENS, 4, (0, 20), part=64)
 
 
 @pytest.mark.parametrize("block_n", [32, 128])
@@ -209,18 +215,7 @@ def test_fp8_single_split_matches_reference(interp, monkeypatch, block_n):
     monkeypatch.setattr(fa, "SINGLE_SPLIT", True)
     monkeypatch.setattr(fa, "BLOCK_N", block_n)
     monkeypatch.setattr(fa, "PART", max(block_n, fa.PART))   # unused by SINGLE, checked
-    g = T.gen(71)
-    seqs, qlens = [1, 3, 33, 75, 140], [1, 3, 2, 9, 1]
-    for blk in (16, 64):
-        bt, sl, cu, nb = T.paged_layout(seqs, qlens, blk, g)
-        kf, vf = T.fp8_cache(nb, blk, 2, g)
-        q = T.randn((sum(qlens), 10, 128), g)
-        s1, s2 = torch.tensor([0.7]), torch.tensor([1.3])
-        for window in (20, 513):
-            ref = fp8_paged_attention_ref(q, kf, vf, s1, s2, bt, sl, cu, 1 / math.sqrt(128), window)
-            out = fp8_paged_attention(q, kf, vf, s1, s2, bt, sl, cu, max(seqs), max(qlens),
-                                      window=window, interpret=True)
-            assert T.rel_err(out, ref) < INTERP_TOL, (blk, window, block_n)
+    _fp8_interp_against_ref(71, [1, 3, 33, 75, 140], [1, 3, 2, 9, 1], 10, (20, 513))
 
 
 def test_fp8_single_split_rows_depend_on_their_stream_alone(interp_f64_dots, monkeypatch):
