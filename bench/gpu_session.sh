@@ -3,8 +3,8 @@
 # H200 run (bench/results/h200-2026-11-30/). Each step runs under its own timeout and writes its
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
-# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw, wl, wp, wr and cc,
-# fz, gb, gk, st, tr, zu) were removed once their results were written up: each results README
+# n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw, wl, wp, wr, wq,
+# ms and cc, fz, gb, gk, st, tr, zu) were removed once their results were written up: each results README
 # (bench/results/*/README.md) names the commit whose bench/gpu_session.sh holds the part it ran.
 #
 #   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
@@ -13,19 +13,6 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
-#   PART=wq bash bench/gpu_session.sh   the wgmma GEMVs' rows past 8 in one launch up to 64
-#       (_wgmma_gluon.ONE_LAUNCH_ROWS=64): gpu_check fp8wg, nvfp4wg; gpu_runtime on the trained
-#       default (head "auto", QKV / o_proj on wgmma: graphs, every speculative mode == off);
-#       whole steps (QKV / o_proj and the head on wgmma) at 8 against 64 (~10 min).
-#                                                               carry: engines/carry-b.tar.xz
-#   PART=ms bash bench/gpu_session.sh   the MoE's split-K summed in the expert launch at 1-16
-#       tokens (moe_experts.FIXUP_TOKENS): gpu_check splitk (in-launch sum == combine launch,
-#       graphs, invariance) and moe; bench/moe_chunks.py --variants split (~4 min, no engine).
-#   PART=ss bash bench/gpu_session.sh   the sliding layers' attention in one program per window
-#       (fp8_paged_attention.SINGLE_SPLIT): bench/sliding_tune.py --single (B = 1-64, error
-#       against the reference, gpu_check's FP8 attention under the best), then whole decode
-#       steps without and with it (~4 min, no engine). Ran at ad77b7d (h100-2026-12-07b/ss/,
-#       stages 2-4); again with stages 5-6 and 1 warp.
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -215,15 +202,6 @@ case "${PART:-}" in
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
     ;;
-  ms)
-    step check 200 python3 bench/gpu_check.py --only splitk,moe
-    step chunks 220 python3 bench/moe_chunks.py --variants split --out "$OUT"
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager --budget 60"
-    step fs_mma 80 $fs --out "$OUT/fs_mma"
-    step fs_wg64 80 $fs --out "$OUT/fs_wg64" --attention-linear-kernel wgmma \
-      --set _wgmma_gluon.ONE_LAUNCH_ROWS=64
-    pack ms
-    ;;
   ss)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step sliding 170 python3 bench/sliding_tune.py --single --out "$OUT"
@@ -247,18 +225,6 @@ case "${PART:-}" in
     step runtime 300 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
       --prompts-file engines/prompts/spec_bench_question.jsonl
     pack fc
-    ;;
-  wq)
-    unpack carry-b
-    S=(--set _wgmma_gluon.ONE_LAUNCH_ROWS=64)
-    step check 60 python3 bench/gpu_check.py --only fp8wg,nvfp4wg "${S[@]}"
-    step runtime 330 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
-      --prompts-file engines/prompts/spec_bench_question.jsonl \
-      --attention-linear-kernel wgmma "${S[@]}"
-    fs="python3 bench/fullsize.py --parts decode,verify --no-eager"
-    step fs_8 120 $fs --budget 100 --out "$OUT/fs_8" --attention-linear-kernel wgmma
-    step fs_64 80 $fs --budget 60 --out "$OUT/fs_64" --attention-linear-kernel wgmma "${S[@]}"
-    pack wq
     ;;
   gn)
     export KOLIBRI_PDL=0
