@@ -13,6 +13,11 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
+#   PART=ss bash bench/gpu_session.sh   the sliding layers' attention in one program per window
+#       (fp8_paged_attention.SINGLE_SPLIT): bench/sliding_tune.py --single (B = 1-64, error
+#       against the reference, gpu_check's FP8 attention under the best), then whole decode
+#       steps without and with it (~4 min, no engine). Ran at ad77b7d (h100-2026-12-07b/ss/,
+#       stages 2-4: one K / V buffer); again with stages 5 / 7 / 9 (2 / 3 / 4 buffers).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).

@@ -43,9 +43,10 @@ FA = importlib.import_module("kolibri_trt_plugins.fp8_paged_attention")
 WINDOW, CTX, BLK, HQ, HKV = 513, 32768, 64, 20, 4
 GRID = ([64, 128, 256], [32, 64], [1, 4], [2, 3])    # PART, BLOCK_N, num_warps, num_stages
 # PART 0: SINGLE_SPLIT. Stages 2-4 timed alike on the H100 (bench/results/h100-2026-12-07b/ss/:
-# ~1.6 µs per 64-key step at B = 1, no overlap of the steps' loads); 5 gave the full-causal
-# form two K/V buffers (the page lookup takes a stage), hence 5 and 6.
-GRID_SINGLE = ([0], [32, 64, 128], [1, 4, 8], [2, 5, 6])
+# ~1.6 µs per 64-key step at B = 1): they compile to one K / V buffer (the page lookup takes a
+# stage); `bench/aot_sass.py fp8_attn --set SINGLE=1 --stages S` gives 2 / 3 / 4 buffers at
+# S = 5 / 7 / 9 (sm_90, 64 keys, 4 warps: 39 / 55 / 72 KB of shared memory).
+GRID_SINGLE = ([0], [32, 64, 128], [4, 8], [5, 7, 9])
 
 
 def apply(part: int, block_n: int, warps: int, stages: int) -> None:

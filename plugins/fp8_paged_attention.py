@@ -33,9 +33,10 @@ TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/p
 # own stream alone (batch invariant), but differ from the split form's. Off: on the H100 at 32k
 # (`python3 bench/sliding_tune.py --single`, bench/results/h100-2026-12-07b/ss/) it took 15.5 /
 # 17.8 / 18.1 / 23.6 µs at B = 1 / 4 / 16 / 64 against the splits' 6.1 / 7.8 / 12.7 / 33.4 with
-# num_stages 2-4 alike (the window's 9 steps not overlapped); stages 5-6 are untried.
+# num_stages 2-4 alike: one K / V buffer, the window's 9 steps not overlapped (sm_90 AOT:
+# stages 5 / 7 / 9 give 2 / 3 / 4 buffers, bench/aot_sass.py fp8_attn --set SINGLE=1); untried.
 SINGLE_SPLIT = False
-TUNE_SINGLE = dict(num_warps=4, num_stages=5)  # launch config of the SINGLE_SPLIT form
+TUNE_SINGLE = dict(num_warps=4, num_stages=9)  # launch config of the SINGLE_SPLIT form
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
 # on the H200 at 32k (plugins/NOTES.md, "Pipelined loads"): num_stages 5 gives two K/V buffers
 # (2-4 compile to one: the page lookup takes a stage); one warp per program keeps the row
