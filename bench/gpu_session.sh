@@ -18,6 +18,10 @@
 #       against the reference, gpu_check's FP8 attention under the best), then whole decode
 #       steps without and with it (~4 min, no engine). Ran at ad77b7d (h100-2026-12-07b/ss/,
 #       stages 2-4: one K / V buffer); again with stages 5 / 7 / 9 (2 / 3 / 4 buffers).
+#   PART=pd bash bench/gpu_session.sh   deeper pipelines in the paged-attention key loops: INT4
+#       and FP8 full-causal at num_stages 5 (the default) / 7 / 9 = 2 / 3 / 4 K / V buffers
+#       (sm_90 AOT, bench/aot_sass.py int4_attn --stages S), B = 1-64 at 4k / 32k / 128k,
+#       16-token pages; gpu_check int4, fp8attn at 9 (launch configs: the bits stay) (~6 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -215,6 +219,20 @@ case "${PART:-}" in
     step fs_split 60 $fs --out "$OUT/fs_split"
     step fs_single 60 $fs --out "$OUT/fs_single" --set fp8_paged_attention.SINGLE_SPLIT=True
     pack ss
+    ;;
+  pd)
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    for st in 5 7 9; do   # 2 / 3 / 4 K / V buffers (sm_90 AOT); 5 is the default
+      T="{'num_warps': 1, 'num_stages': $st}"
+      step "attn_s$st" 100 python3 bench/plugins.py --only attn --attn-blocks 16 \
+        --set "int4_paged_attention.TUNE=$T" --set "int4_paged_attention.TUNE_DECODE=$T" \
+        --set "fp8_paged_attention.TUNE_FULL=$T"
+    done
+    T="{'num_warps': 1, 'num_stages': 9}"
+    step check 120 python3 bench/gpu_check.py --only int4,fp8attn \
+      --set "int4_paged_attention.TUNE=$T" --set "int4_paged_attention.TUNE_DECODE=$T" \
+      --set "fp8_paged_attention.TUNE_FULL=$T"
+    pack pd
     ;;
   hx)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
