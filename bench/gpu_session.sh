@@ -21,7 +21,7 @@
 #   PART=pd bash bench/gpu_session.sh   deeper pipelines in the paged-attention key loops: INT4
 #       and FP8 full-causal at num_stages 5 (the default) / 7 / 9 = 2 / 3 / 4 K / V buffers
 #       (sm_90 AOT, bench/aot_sass.py int4_attn --stages S), B = 1-64 at 4k / 32k / 128k,
-#       16-token pages; gpu_check int4, fp8attn at 9 (launch configs: the bits stay) (~6 min).
+#       16-token pages; gpu_check int4, fp8attn at 9 (references, graphs, invariance) (~6 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
