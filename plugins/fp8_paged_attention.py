@@ -6,7 +6,8 @@ fp8 values convert exactly to bf16/fp16 in registers and the scales multiply the
 output. Window W > 0: query at position i sees keys j with i - W < j <= i (Kolibri-1: W = 513);
 keys outside the window are never loaded (the runtime may reuse their blocks as a ring). W = 0
 gives full causal attention (the stock FP8 full layers; used as the INT4 kernel's baseline).
-Split-KV at fixed absolute partitions of PART positions + attn_combine (batch invariant).
+Split-KV at fixed absolute partitions of PART positions + attn_combine (batch invariant);
+SINGLE_SPLIT (off): sliding layers in one program per window, no combine.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _fp8_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, cuq_p
         row = ((q_start + tq) * HQ + hq).to(tl.int64)
         d = tl.arange(0, D)
         lo_u = tl.where(window > 0, tl.maximum(seq_len - q_len - window + 1, 0), 0)
-        if SINGLE:  # one program per row tile reads the whole window (module docstring)
+        if SINGLE:  # one program per row tile reads the whole window (SINGLE_SPLIT)
             k_lo = lo_u
             k_hi = seq_len
         else:
