@@ -82,28 +82,6 @@ def num_splits(max_seq_len: int, max_q_len: int, window: int, part: int) -> int:
     return cdiv(max_seq_len, part)
 
 
-def launch_paged_single(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens,
-                        sm_scale: float, max_q_len: int, window: int, interpret: bool,
-                        block_n: int, tune: dict, block_m: int = BLOCK_M) -> torch.Tensor:
-    """Launch a sliding-window kernel's SINGLE form: one program per (stream, KV head, row
-    tile) over the whole window, writing bf16 output rows (no partials, no combine). Same
-    caches and grid rows as :func:`launch_paged`, one split. Returns bf16 like q."""
-    total_q, hq, _ = q.shape
-    blk, hkv = caches[0].shape[1], caches[0].shape[2]
-    ns = block_tables.shape[0]
-    out = torch.empty_like(q)
-    if total_q == 0 or ns == 0:
-        return out
-    rt = -(-max_q_len * (hq // hkv) // block_m)
-    unused = torch.empty(1, dtype=torch.float32, device=q.device)  # m, l: not written
-    launch(kernel, (ns * hkv * rt, 1), q, *caches, block_tables, seq_lens, cu_q_lens, unused,
-           unused, out, float(sm_scale) * LOG2E, hq, hkv, hq // hkv, 1, rt,
-           block_tables.stride(0), int(window), BLOCK=blk, PART=block_n, BLOCK_M=block_m,
-           BLOCK_N=block_n, D=HEAD_DIM, DOT_F32=interpret, SINGLE=1, interpret=interpret,
-           pdl_early=early_launch("attn", total_q), **tune)
-    return out
-
-
 def partial_buffers(total_q: int, hq: int, splits: int, device):
     """Empty fp32 partials: m, l [total_q*hq, splits] and acc [total_q*hq, splits, 128]."""
     r = total_q * hq
@@ -152,13 +130,15 @@ def default_sm_scale() -> float:
 def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm_scale: float,
                  max_seq_len: int, max_q_len: int, window: int, part: int, interpret: bool,
                  block_n: int, tune: dict, block_m: int = BLOCK_M, head_major: bool = False,
-                 **constexprs) -> torch.Tensor:
+                 single: bool = False, **constexprs) -> torch.Tensor:
     """Launch one split-KV paged-attention kernel and merge its partials (`attn_combine`).
 
     caches: the four cache tensors the kernel reads after q (FP8: k, v, k_scale, v_scale;
     INT4: k_codes, v_codes, k_meta, v_meta); caches[0] is [num_blocks, BLOCK, Hkv, ...], or
     [num_blocks, Hkv, BLOCK, ...] with head_major (the INT4 cache).
     block_m: query rows (token x group head) per program; a row's bits must not depend on it.
+    single: the kernel's SINGLE form (sliding layers): one program per row tile over the whole
+    window writes the bf16 rows itself (no partials, no combine).
     Grid: (streams x KV heads x query-row tiles, splits). Returns bf16 like q.
     """
     total_q, hq, _ = q.shape
@@ -167,16 +147,22 @@ def launch_paged(kernel, q, caches: tuple, block_tables, seq_lens, cu_q_lens, sm
         blk, hkv = hkv, blk
     g = hq // hkv
     ns = block_tables.shape[0]
-    splits = num_splits(max_seq_len, max_q_len, window, part)
+    splits = 1 if single else num_splits(max_seq_len, max_q_len, window, part)
     rt = -(-max_q_len * g // block_m)
-    m, l, acc = partial_buffers(total_q, hq, splits, q.device)
     if total_q == 0 or ns == 0:
         return torch.empty_like(q)
+    if single:   # acc_ptr is the output; m and l are not written
+        m = l = torch.empty(1, dtype=torch.float32, device=q.device)
+        acc, constexprs = torch.empty_like(q), dict(constexprs, SINGLE=1)
+    else:
+        m, l, acc = partial_buffers(total_q, hq, splits, q.device)
     launch(kernel, (ns * hkv * rt, splits), q, *caches, block_tables, seq_lens, cu_q_lens,
            m, l, acc, float(sm_scale) * LOG2E, hq, hkv, g, splits, rt, block_tables.stride(0),
            int(window), BLOCK=blk, PART=part, BLOCK_M=block_m, BLOCK_N=block_n, D=HEAD_DIM,
            DOT_F32=interpret, interpret=interpret, pdl_early=early_launch("attn", total_q),
            **constexprs, **tune)
+    if single:
+        return acc
     # merged here, not through the attn_combine op: this runs inside the attention op already
     return launch_attn_combine(m, l, acc, interpret,
                                early_launch("attn", total_q)).view(total_q, hq, HEAD_DIM)

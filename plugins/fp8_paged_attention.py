@@ -17,7 +17,7 @@ import torch
 from ._common import NAMESPACE, check_scalar_tensor, check_tensor, jit, kernel_path, tl
 from ._common import pdl_enter, pdl_release
 from ._paged import (HEAD_DIM, check_common, default_sm_scale, launch_paged,
-                     launch_paged_single, paged_attention_dense_ref, softmax_step)
+                     paged_attention_dense_ref, softmax_step)
 
 # Launch settings per layer kind (each fixed: PART and BLOCK_N set the reduction order, which
 # must not depend on the batch). Sliding layers (window > 0: at most window + q keys): splits of
@@ -163,13 +163,10 @@ def _(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, 
 def _launch(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens, sm_scale,
             max_seq_len, max_q_len, window, part, interpret):
     _, block_n, tune = settings(window)
-    if window > 0 and SINGLE_SPLIT:
-        return launch_paged_single(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale),
-                                   block_tables, seq_lens, cu_q_lens, sm_scale, max_q_len, window,
-                                   interpret, block_n, TUNE_SINGLE)
+    single = window > 0 and SINGLE_SPLIT
     return launch_paged(_fp8_attn_kernel, q, (k_cache, v_cache, k_scale, v_scale), block_tables,
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
-                        interpret, block_n, tune)
+                        interpret, block_n, TUNE_SINGLE if single else tune, single=single)
 
 
 def fp8_paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_q_lens,
