@@ -74,8 +74,8 @@ def decode_context(b: Bench, res: dict, ctx: int, streams: list[int]) -> None:
 
 def fitting_streams(b: Bench, fmt: str, ctx: int, streams) -> list[int]:
     """The stream counts whose cache at `ctx` positions fits the GPU's free memory less
-    DECODE_RESERVE_GIB (all of them on CPU); the others are noted in results["skipped"] (an H100
-    holds the full-size weights with ~2 GiB to spare: no 64 streams at 32k)."""
+    DECODE_RESERVE_GIB (all of them on CPU); the others are noted in results["skipped"] (an
+    H100 has ~4.4 GiB free beside the full-size weights: no 64 streams at 32k, 12.2 GiB)."""
     if not b.cuda:
         return list(streams)
     b.free()
