@@ -4,8 +4,9 @@
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
 # n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw, wl, wp, wr, wq,
-# ms and cc, fz, gb, gk, st, tr, zu) were removed once their results were written up: each results README
-# (bench/results/*/README.md) names the commit whose bench/gpu_session.sh holds the part it ran.
+# ms, ss, pd again (2026-12-07) and cc, fz, gb, gk, st, tr, zu) were removed once their results
+# were written up: each results README (bench/results/*/README.md) names the commit whose
+# bench/gpu_session.sh holds the part it ran.
 #
 #   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
 #       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
@@ -13,15 +14,6 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
-#   PART=ss bash bench/gpu_session.sh   the sliding layers' attention in one program per window
-#       (fp8_paged_attention.SINGLE_SPLIT): bench/sliding_tune.py --single (B = 1-64, error
-#       against the reference, gpu_check's FP8 attention under the best), then whole decode
-#       steps without and with it (~4 min, no engine). Ran at ad77b7d (h100-2026-12-07b/ss/,
-#       stages 2-4: one K / V buffer); again with stages 5 / 7 / 9 (2 / 3 / 4 buffers).
-#   PART=pd bash bench/gpu_session.sh   deeper pipelines in the paged-attention key loops: INT4
-#       and FP8 full-causal at num_stages 5 (the default) / 7 / 9 = 2 / 3 / 4 K / V buffers
-#       (sm_90 AOT, bench/aot_sass.py int4_attn --stages S), B = 1-64 at 4k / 32k / 128k,
-#       16-token pages; gpu_check int4, fp8attn at 9 (references, graphs, invariance) (~6 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -210,29 +202,6 @@ case "${PART:-}" in
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
-    ;;
-  ss)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step sliding 170 python3 bench/sliding_tune.py --single --out "$OUT"
-    unset KOLIBRI_PDL
-    fs="python3 bench/fullsize.py --parts decode --no-eager --budget 40"
-    step fs_split 60 $fs --out "$OUT/fs_split"
-    step fs_single 60 $fs --out "$OUT/fs_single" --set fp8_paged_attention.SINGLE_SPLIT=True
-    pack ss
-    ;;
-  pd)
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    for st in 5 7 9; do   # 2 / 3 / 4 K / V buffers (sm_90 AOT); 5 is the default
-      T="{'num_warps': 1, 'num_stages': $st}"
-      step "attn_s$st" 100 python3 bench/plugins.py --only attn --attn-blocks 16 \
-        --set "int4_paged_attention.TUNE=$T" --set "int4_paged_attention.TUNE_DECODE=$T" \
-        --set "fp8_paged_attention.TUNE_FULL=$T"
-    done
-    T="{'num_warps': 1, 'num_stages': 9}"
-    step check 120 python3 bench/gpu_check.py --only int4,fp8attn \
-      --set "int4_paged_attention.TUNE=$T" --set "int4_paged_attention.TUNE_DECODE=$T" \
-      --set "fp8_paged_attention.TUNE_FULL=$T"
-    pack pd
     ;;
   hx)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md

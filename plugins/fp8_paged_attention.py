@@ -31,13 +31,13 @@ TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/p
 # One program per (stream, KV head, row tile) over the whole window, the output normalised in
 # the launch (no partials, no attn_combine launch): a row's keys are still visited in tiles of
 # BLOCK_N at absolute positions from its stream's first visible key, so its bits depend on its
-# own stream alone (batch invariant), but differ from the split form's. Off: on the H100 at 32k
-# (`python3 bench/sliding_tune.py --single`, bench/results/h100-2026-12-07b/ss/) it took 15.5 /
-# 17.8 / 18.1 / 23.6 µs at B = 1 / 4 / 16 / 64 against the splits' 6.1 / 7.8 / 12.7 / 33.4 with
-# num_stages 2-4 alike: one K / V buffer, the window's 9 steps not overlapped (sm_90 AOT:
-# stages 5 / 7 / 9 give 2 / 3 / 4 buffers, bench/aot_sass.py fp8_attn --set SINGLE=1); untried.
+# own stream alone (batch invariant), but differ from the split form's, so it cannot be chosen
+# by batch size. Off: on the H100 at 32k (`python3 bench/sliding_tune.py --single`) 14.8 / 15.0
+# / 14.9 / 19.1 µs at B = 1 / 4 / 16 / 64 against the splits' 6.0 / 7.6 / 12.6 / 34.2, and
+# num_stages 2-9 (1-4 K / V buffers) alike (bench/results/h100-2026-12-07b/ss/, -07c/ss/): at
+# B = 1 its 4 programs read the window at one SM's load rate each.
 SINGLE_SPLIT = False
-TUNE_SINGLE = dict(num_warps=4, num_stages=9)  # launch config of the SINGLE_SPLIT form
+TUNE_SINGLE = dict(num_warps=4, num_stages=5)  # launch config of the SINGLE_SPLIT form (-07c/ss/)
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
 # on the H200 at 32k (plugins/NOTES.md, "Pipelined loads"): num_stages 5 gives two K/V buffers
 # (2-4 compile to one: the page lookup takes a stage); one warp per program keeps the row
