@@ -33,9 +33,9 @@ TUNE = dict(num_warps=4, num_stages=2)  # launch config, sliding layers (bench/p
 # BLOCK_N at absolute positions from its stream's first visible key, so its bits depend on its
 # own stream alone (batch invariant), but differ from the split form's, so it cannot be chosen
 # by batch size. Off: on the H100 at 32k (`python3 bench/sliding_tune.py --single`) 14.8 / 15.0
-# / 14.9 / 19.1 µs at B = 1 / 4 / 16 / 64 against the splits' 6.0 / 7.6 / 12.6 / 34.2, and
-# num_stages 2-9 (1-4 K / V buffers) alike (bench/results/h100-2026-12-07b/ss/, -07c/ss/): at
-# B = 1 its 4 programs read the window at one SM's load rate each.
+# / 14.9 / 19.1 µs at B = 1 / 4 / 16 / 64 against the splits' 6.0 / 7.6 / 12.6 / 34.2; stages
+# 2-5 (1-2 K / V buffers) alike, 7 and 9 slower (bench/results/h100-2026-12-07b/ss/, -07c/ss/):
+# at B = 1 its 4 programs read the window at one SM's load rate each.
 SINGLE_SPLIT = False
 TUNE_SINGLE = dict(num_warps=4, num_stages=5)  # launch config of the SINGLE_SPLIT form (-07c/ss/)
 # Full causal (window = 0: the FP8-KV option of the full layers), from bench/int4_attn_tune.py
