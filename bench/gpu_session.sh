@@ -17,6 +17,10 @@
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
+#   PART=kp bash bench/gpu_session.sh   INT4 attention's keys per page piece (K_PIECES, the
+#       default) against per key at 16-token pages: gpu_check int4, bench/plugins.py --only
+#       attn --attn-blocks 16 (INT4 and FP8, B = 1-64 at 4k / 32k / 128k) under each, then
+#       whole decode steps (bench/fullsize.py) under each (~9 min).
 #   PART=fc bash bench/gpu_session.sh   final checks at the session's defaults: gpu_check of every
 #       kernel (split-K too), gpu_runtime on the trained default (head "auto", QKV / o_proj
 #       mma.sync, ONE_LAUNCH_ROWS 64) (~8 min).                   carry: engines/carry-b.tar.xz
@@ -210,6 +214,19 @@ case "${PART:-}" in
     step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --no-eager \
       --budget 170
     pack hx
+    ;;
+  kp)
+    step check 120 python3 bench/gpu_check.py --only int4
+    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
+    step attn_pieces 100 python3 bench/plugins.py --only attn --attn-blocks 16
+    step attn_per_key 100 python3 bench/plugins.py --only attn --attn-blocks 16 \
+      --set int4_paged_attention.K_PIECES=False
+    unset KOLIBRI_PDL
+    local_fs="python3 bench/fullsize.py --parts decode --no-eager"
+    step fs_pieces 130 $local_fs --budget 110 --out "$OUT/fs_pieces"
+    step fs_per_key 100 $local_fs --budget 80 --out "$OUT/fs_per_key" \
+      --set int4_paged_attention.K_PIECES=False
+    pack kp
     ;;
   fc)
     unpack carry-b

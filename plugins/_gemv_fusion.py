@@ -7,7 +7,7 @@ rounded to bf16 where torch rounds):
 - ``residual``: y = bf16(y + r) (torch's bf16 add);
 - ``act="silu"``: y = bf16(y / (1 + exp(-y))) after the residual (F.silu on bf16);
 - ``act="swiglu"``: the weight's rows interleave gate and up (row 2i gate_i, 2i+1 up_i;
-  ``fp8_gemv.interleave_rows``) and y[:, i] = bf16(bf16(silu(g_i)) · u_i), [M, N/2].
+  ``interleave_rows``) and y[:, i] = bf16(bf16(silu(g_i)) · u_i), [M, N/2].
 
 The pieces:
 - `_row_rstd` / `_col_rstd`: per row (and per segment of K) rsqrt(mean(x²) + eps), the RMSNorm
@@ -15,7 +15,8 @@ The pieces:
 - `_store_out`: bf16 rounding of the product, then SwiGLU over interleaved gate/up columns, or
   a residual add and silu, each rounded to bf16 where the torch op it replaces rounds;
 - `dot_swapped`: one K step of the small-batch form W·x^T (fp8_gemv.SWAP_ROWS);
-- `Fusion` (one call's fused options) and `check_fused` (their argument checks).
+- `Fusion` (one call's fused options) and `check_fused` (their argument checks);
+- `interleave_rows`: the swiglu weight layout (fp8_gemv re-exports it).
 """
 
 from __future__ import annotations
@@ -189,3 +190,11 @@ def check_fused(x, n, f: Fusion) -> None:
         if f.residual.stride(1) != 1:
             raise ValueError(f"residual: last dim must have stride 1, strides "
                              f"{f.residual.stride()}")
+
+
+def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """[I, ...] gate and up rows (weights, or their per-row scales) -> [2I, ...] with row 2i
+    gate_i and row 2i + 1 up_i: the weight layout of ``act="swiglu"`` (exact: rows move)."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate/up: shapes {tuple(gate.shape)} and {tuple(up.shape)} differ")
+    return torch.stack([gate, up], 1).reshape(2 * gate.shape[0], *gate.shape[1:]).contiguous()

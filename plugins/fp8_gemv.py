@@ -35,6 +35,7 @@ from ._e4m3_decode import check_decode, e4m3_to_bf16
 from ._k_blocks import check_k_blocks, k_blocks
 from ._gemv_fusion import (ACTS, NO_FUSION, Fusion, _col_rstd, _store_out, check_fused,
                            dot_swapped, tile_rstds, x_rows)
+from ._gemv_fusion import interleave_rows  # noqa: F401  (public here: the drafter's weights)
 from .add_rms_norm import add_rms_norm_ref
 
 ROWS = 16
@@ -199,14 +200,6 @@ def fp8_gemv_ref(x, weight, weight_scale, fusion: Fusion = NO_FUSION) -> torch.T
     if f.residual is not None:
         y = y + f.residual
     return F.silu(y) if f.act == "silu" else y
-
-
-def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """[I, ...] gate and up rows (weights, or their per-row scales) -> [2I, ...] with row 2i
-    gate_i and row 2i + 1 up_i: the weight layout of ``act="swiglu"`` (exact: rows move)."""
-    if gate.shape != up.shape:
-        raise ValueError(f"gate/up: shapes {tuple(gate.shape)} and {tuple(up.shape)} differ")
-    return torch.stack([gate, up], 1).reshape(2 * gate.shape[0], *gate.shape[1:]).contiguous()
 
 
 @torch.library.custom_op(f"{NAMESPACE}::fp8_gemv", mutates_args=())
@@ -382,7 +375,7 @@ def fp8_gemv(x, weight, weight_scale, interpret: bool = False, *, norm=None, eps
     Args:
         x: bf16 [M, K] (last dim stride 1; row stride free); with x_rows, a table [V, K].
         weight: float8_e4m3fn [N, K], contiguous (rows interleaved gate/up for swiglu:
-            `interleave_rows`).
+            `interleave_rows`, re-exported here).
         weight_scale: fp32, contiguous: one element (0-dim or [1]) = per tensor; [N] = per
             channel; [N, K/64] = block 1×64 (K % 64 == 0).
         interpret: run the Triton kernel in the interpreter on CPU tensors (tests only).

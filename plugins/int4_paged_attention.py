@@ -51,6 +51,9 @@ DEFER_SUMS = True  # the column sums of p and p·offset: False per tile (shuffle
 # programs). H200 32k, False -> True: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 / 110.0 / 416.8 ->
 # 20.0 / 32.0 / 105.2 / 390.8 µs, 4 tokens at B=16 266.1 -> 260.0 (bench/results/
 # h200-2026-12-01a/ne/). Per-key sums [BLOCK_N, rows] (removed) spilled in 16-row programs.
+# Pages shorter than BLOCK_N: keys loaded per page piece, as the values (same bytes, same bits;
+# AOT sm_90 at 16-token pages 684 -> 646 instructions per tile, `_load_tile`); False: per key.
+K_PIECES = True
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
 
@@ -103,7 +106,8 @@ def _meta(m_ptr, off, mask):
 
 @jit
 def _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE,
-               BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+               BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+               K_PIECES: tl.constexpr):
     """The tile at n0: key codes uint8 [BLOCK_N, D/2], value codes V^T uint8 [D/2, BLOCK_N]
     (dim-major pages) and the keys' and values' (scale, offset) fp32 [BLOCK_N] each. Code loads
     are not masked: a tile's rows lie in mapped pages (or page 0), and the codes of invisible keys
@@ -120,19 +124,28 @@ def _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE
         ks, ko = _meta(km_p + base, i_n * KS, kval)
         vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
-        phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
-        kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
-        kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
-        # values: BLOCK_N / BLOCK page pieces of [D/2, BLOCK] contiguous keys, loaded as
-        # [D/2, pieces, BLOCK] (16-byte rows) and viewed [D/2, BLOCK_N]. A load of the [D/2,
-        # BLOCK_N] tile with per-key page addresses compiled to 64 byte loads per tile and ran
-        # 2x slower at BLOCK 16 (bench/results/h200-2026-12-01a/ni/); this form: AOT sm_90 687
-        # instructions per tile, no synchronous loads; not yet timed on the H200.
+        # BLOCK_N / BLOCK page pieces, each page's address once: values [D/2, BLOCK] per piece,
+        # loaded as [D/2, pieces, BLOCK] (16-byte rows) and viewed [D/2, BLOCK_N] (per-key page
+        # addresses compiled to 64 byte loads per tile, 2x slower at BLOCK 16: h200-2026-12-01a/
+        # ni/); keys (K_PIECES) as [pieces, BLOCK, D/2] (`python3 bench/aot_sass.py int4_attn
+        # --warps 1 --stages 5 --set BLOCK=16 --set K_PIECES=1|0`: 646 / 675 instructions per
+        # tile, mask-free / masked, against 684 / 697 per key; 16-row programs 887 / 951
+        # against 920 / 972; untimed).
         sub = tl.arange(0, BLOCK_N // BLOCK)
         pg = tl.load(bt_p + n0 // BLOCK + sub, mask=n0 + sub * BLOCK < k_hi, other=0)
-        pg = tl.multiple_of(pg.to(tl.int64) * PAGE * (D // 2), BLOCK * (D // 2))
         o = tl.arange(0, BLOCK)
-        vc = tl.load(vc_p + pg[None, :, None] + (b * BLOCK)[:, None, None] + o[None, None, :])
+        pk = tl.multiple_of(pg.to(tl.int64) * PAGE, BLOCK)
+        kb = tl.multiple_of(pk * (D // 2), BLOCK * (D // 2))
+        if K_PIECES:
+            kh = tl.reshape(pk[:, None] + o[None, :], (BLOCK_N,))
+            kc = tl.load(kc_p + kb[:, None, None] + (o * (D // 2))[None, :, None]
+                         + b[None, None, :])
+            kc = tl.reshape(kc, (BLOCK_N, D // 2))
+        else:
+            phys = tl.load(bt_p + kpos // BLOCK, mask=kval, other=0)
+            kh = phys.to(tl.int64) * PAGE + (kpos % BLOCK) * KS
+            kc = tl.load(kc_p + kh[:, None] * (D // 2) + b[None, :])
+        vc = tl.load(vc_p + kb[None, :, None] + (b * BLOCK)[:, None, None] + o[None, None, :])
         vc = tl.reshape(vc, (D // 2, BLOCK_N))
         ks, ko = _meta(km_p, kh, kval)
         vs, vo = _meta(vm_p, kh, kval)
@@ -164,13 +177,13 @@ def _softmax_cols(sc, vo, m_i, l_i, acc_c, BLOCK_N: tl.constexpr, DEFER_SUMS: tl
 def _tile(n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r, k_lo,
           k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, MASKED: tl.constexpr,
           BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
-          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr):
+          DOT_F32: tl.constexpr, DEFER_SUMS: tl.constexpr, K_PIECES: tl.constexpr):
     """One BLOCK_N-key tile of the online softmax, transposed: scores sc [BLOCK_N keys, BLOCK_M
     rows], acc_e/acc_o [D/2, BLOCK_M]; returns the updated (m, l, acc_e, acc_o, acc_c) (l and
     acc_c as `_softmax_cols` keeps them). MASKED=False: every key of the tile is visible to
     every row (no mask math)."""
     kc, vc, ks, ko, vs, vo = _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p,
-                                        KS, PAGE, BLOCK, BLOCK_N, D)
+                                        KS, PAGE, BLOCK, BLOCK_N, D, K_PIECES)
     klo, khi = _codes_f16(kc, False, True, USE_ASM)
     if DOT_F32:
         klo = klo.to(tl.float32)
@@ -198,7 +211,7 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
           G, S, bt_stride, window, s, h, j, r0, q_start, q_len, seq_len, BLOCK: tl.constexpr,
           PART: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
           USE_ASM: tl.constexpr, DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr,
-          DEFER_SUMS: tl.constexpr, PDL: tl.constexpr):
+          DEFER_SUMS: tl.constexpr, K_PIECES: tl.constexpr, PDL: tl.constexpr):
     """Query rows r0 .. r0 + ROWS - 1 (token x group head) of stream s, KV head h, over split j:
     the online softmax over the split's keys, then its partial m, l and acc (attn_combine)."""
     r = r0 + tl.arange(0, ROWS)
@@ -255,12 +268,12 @@ def _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, 
         m_i, l_i, acc_e, acc_o, acc_c = _tile(
             n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
             k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, False, BLOCK,
-            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS, K_PIECES)
     for n0 in range(n_mid, k_hi, BLOCK_N):
         m_i, l_i, acc_e, acc_o, acc_c = _tile(
             n0, m_i, l_i, acc_e, acc_o, acc_c, q_e, q_o, bias, qsum, qk_scale, lo_r, hi_r,
             k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE, True, BLOCK,
-            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS)
+            BLOCK_N, D, USE_ASM, DOT_F32, DEFER_SUMS, K_PIECES)
     if DEFER_SUMS:
         l_i = tl.sum(l_i, 0)
         acc_c = tl.sum(acc_c, 0)
@@ -278,7 +291,7 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
                       BLOCK: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr,
                       DOT_F32: tl.constexpr, MASK_FREE: tl.constexpr, DEFER_SUMS: tl.constexpr,
-                      PDL: tl.constexpr = 0):
+                      K_PIECES: tl.constexpr = True, PDL: tl.constexpr = 0):
     """Grid (streams x Hkv x row tiles of BLOCK_M, splits): one `_rows` call per program."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
@@ -292,7 +305,8 @@ def _int4_attn_kernel(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, seq_ptr, cu
     if rt * BLOCK_M < q_len * G:
         _rows(q_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, HQ,
               HKV, G, S, bt_stride, window, s, h, j, rt * BLOCK_M, q_start, q_len, seq_len,
-              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS, PDL)
+              BLOCK, PART, BLOCK_M, BLOCK_N, D, USE_ASM, DOT_F32, MASK_FREE, DEFER_SUMS,
+              K_PIECES, PDL)
 
 
 def int4_paged_attention_ref(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens,
@@ -342,7 +356,7 @@ def _launch(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_le
                         seq_lens, cu_q_lens, sm_scale, max_seq_len, max_q_len, window, part,
                         interpret, BLOCK_N, TUNE_DECODE if rows == ROWS_DECODE else TUNE,
                         block_m=rows, head_major=True, USE_ASM=USE_ASM and not interpret,
-                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS)
+                        MASK_FREE=MASK_FREE, DEFER_SUMS=DEFER_SUMS, K_PIECES=K_PIECES)
 
 
 def int4_paged_attention(q, k_codes, v_codes, k_meta, v_meta, block_tables, seq_lens, cu_q_lens,

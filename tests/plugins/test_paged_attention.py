@@ -140,6 +140,19 @@ def test_int4_mask_free_tiles_same_bits(interp):
         assert torch.equal(a, b), blk
 
 
+def test_int4_key_pieces_same_bits(interp):
+    """Keys of pages shorter than the tile loaded per page piece (K_PIECES) or per key: the
+    same bytes reach the same maths, so the same bits (16-token pages, the only size under
+    the 32-key tile; decode and verification, full causal and windowed)."""
+    q, cache, bt, sl, cu = int4_case(16, 81)
+    for window in (0, 20):
+        a = _int4_interp(q, cache, bt, sl, cu, window, K_PIECES=True)
+        b = _int4_interp(q, cache, bt, sl, cu, window, K_PIECES=False)
+        assert torch.equal(a, b), window
+        ref = int4_paged_attention_ref(q, *cache, bt, sl, cu, 1 / math.sqrt(128), window)
+        assert T.rel_err(a, ref) < INTERP_TOL, window
+
+
 @pytest.mark.parametrize("defer", [False, True])
 def test_int4_column_sums_each_mode(interp, defer):
     """DEFER_SUMS False (sums per tile) and True (per key group, reduced once) both match the
