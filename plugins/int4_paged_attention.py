@@ -51,8 +51,11 @@ DEFER_SUMS = True  # the column sums of p and p·offset: False per tile (shuffle
 # programs). H200 32k, False -> True: decode B = 1 / 4 / 16 / 64 20.6 / 33.5 / 110.0 / 416.8 ->
 # 20.0 / 32.0 / 105.2 / 390.8 µs, 4 tokens at B=16 266.1 -> 260.0 (bench/results/
 # h200-2026-12-01a/ne/). Per-key sums [BLOCK_N, rows] (removed) spilled in 16-row programs.
-# Pages shorter than BLOCK_N: keys loaded per page piece, as the values (same bytes, same bits;
-# AOT sm_90 at 16-token pages 684 -> 646 instructions per tile, `_load_tile`); False: per key.
+# Pages shorter than BLOCK_N: keys loaded per page piece, as the values (`_load_tile`; same
+# bytes, same bits); False: per key. AOT sm_90 at 16-token pages (`python3 bench/aot_sass.py
+# int4_attn --warps 1 --stages 5 --set BLOCK=16 --set K_PIECES=1|0`), instructions per tile,
+# mask-free / masked: 646 / 675 against 684 / 697; 16-row programs 887 / 951 against 920 / 972.
+# Untimed (PART=kp).
 K_PIECES = True
 TUNE = dict(num_warps=1, num_stages=5)  # launch config (bench/plugins.py sweeps it)
 TUNE_DECODE = dict(TUNE)  # the same for ROWS_DECODE-row programs (registers do not set the bits)
@@ -124,13 +127,9 @@ def _load_tile(n0, k_lo, k_hi, i_n, offs, kc_p, vc_p, km_p, vm_p, bt_p, KS, PAGE
         ks, ko = _meta(km_p + base, i_n * KS, kval)
         vs, vo = _meta(vm_p + base, i_n * KS, kval)
     else:
-        # BLOCK_N / BLOCK page pieces, each page's address once: values [D/2, BLOCK] per piece,
-        # loaded as [D/2, pieces, BLOCK] (16-byte rows) and viewed [D/2, BLOCK_N] (per-key page
-        # addresses compiled to 64 byte loads per tile, 2x slower at BLOCK 16: h200-2026-12-01a/
-        # ni/); keys (K_PIECES) as [pieces, BLOCK, D/2] (`python3 bench/aot_sass.py int4_attn
-        # --warps 1 --stages 5 --set BLOCK=16 --set K_PIECES=1|0`: 646 / 675 instructions per
-        # tile, mask-free / masked, against 684 / 697 per key; 16-row programs 887 / 951
-        # against 920 / 972; untimed).
+        # BLOCK_N / BLOCK page pieces, one address per page: values as [D/2, pieces, BLOCK]
+        # (16-byte rows; per-key addresses made 64 byte loads, 2x slower: h200-2026-12-01a/ni/),
+        # keys (K_PIECES) as [pieces, BLOCK, D/2]; each viewed as the [.., BLOCK_N] tile.
         sub = tl.arange(0, BLOCK_N // BLOCK)
         pg = tl.load(bt_p + n0 // BLOCK + sub, mask=n0 + sub * BLOCK < k_hi, other=0)
         o = tl.arange(0, BLOCK)
