@@ -262,9 +262,7 @@ def swapped(m: int, f: Fusion, mode: int) -> bool:
 def split_k_for(n: int, k: int) -> int:
     """K splits asked for (a function of N and K only: batch invariance); the launch drops empty
     ranges (_split_k.num_splits)."""
-    if SPLIT_K is not None:
-        return SPLIT_K
-    return SPLIT_K_BY_SHAPE.get((n, k), 1)
+    return SPLIT_K_BY_SHAPE.get((n, k), 1) if SPLIT_K is None else SPLIT_K
 
 
 def k_blocks_for(n: int, k: int) -> int:
@@ -277,6 +275,7 @@ def k_blocks_for(n: int, k: int) -> int:
 
 
 def scale_mode(weight, weight_scale) -> int:
+    """MODE_TENSOR, MODE_CHANNEL or MODE_BLOCK for weight_scale's shape (checked: check_args)."""
     if weight_scale.numel() == 1 and weight_scale.dim() <= 1:
         return MODE_TENSOR
     if weight_scale.dim() == 1:
@@ -317,10 +316,9 @@ def _launch_main(x, weight, weight_scale, f: Fusion, interpret, out, split):
 
 def launch_partials(x, weight, weight_scale, interpret: bool = False, f: Fusion = NO_FUSION):
     """fp32 partials [S, M, N] of x·Wᵀ (f's prologue applied) over the S K ranges of
-    `split_k_for` (block scales applied, per-tensor / per-channel ones not), or None when the
-    shape is not split (S = 1). The first half of a split GEMV: the reduce (`launch_reduce`)
-    or a kernel that finishes the sum itself (fp8_gemv_add_rms_norm) takes it from here.
-    Arguments as :func:`fp8_gemv` (checked there)."""
+    `split_k_for` (block scales applied, per-tensor / per-channel ones not), or None when not
+    split (S = 1): `launch_reduce` or a kernel that finishes the sum (fp8_gemv_add_rms_norm)
+    takes it from here. Arguments as :func:`fp8_gemv` (checked there)."""
     K, N = x.shape[1], weight.shape[0]
     split = num_splits(K, split_k_for(N, K), BLOCK_K)
     if split == 1:
@@ -335,8 +333,7 @@ def launch_partials(x, weight, weight_scale, interpret: bool = False, f: Fusion 
 def launch_fp8_gemv(x, weight, weight_scale, f: Fusion, interpret):
     """The GEMV's launches without argument checks or op dispatch (checked arguments, as
     :func:`fp8_gemv`; f: the fused options); returns y."""
-    M = x.shape[0] if f.x_rows is None else f.x_rows.shape[0]
-    N = weight.shape[0]
+    M, N = x.shape[0] if f.x_rows is None else f.x_rows.shape[0], weight.shape[0]
     y = torch.empty((M, N // 2 if f.act == "swiglu" else N), dtype=torch.bfloat16,
                     device=x.device)
     if M == 0 or N == 0:
