@@ -2,11 +2,14 @@
 many rows share the call (batch invariance: a stream's tokens may not change with the batch it
 is served in; shared/spec and the speculative decoding issue).
 
-Measured on CPU with torch 2.13: an fp32 GEMM gives bit-identical rows for 4, 8 and >= 12 rows
-but not for 1-3, 5-7 or 9-11 (other kernels), and so do the batched products of attention over
-1-3 query rows; padding the rows with zeros to a multiple of ROW_MULTIPLE makes every row count
-agree. tests/plugins/test_rows.py checks the property on the
-machine it runs on.
+Measured on CPU with torch 2.13: which GEMM kernel (and K order) an fp32 product takes depends
+on its row count and on the processor. On one machine rows agreed for 4, 8 and >= 12 rows but
+not for 1-3, 5-7 or 9-11; on an AVX-512 one (2026-12-07) 8 rows differed from 16 or more at
+512x256, and at K = 2560 every row count up to about 320 differed from 1,024. So products run
+in blocks of exactly ROW_MULTIPLE rows (the last padded with zeros): every row meets the same
+kernel whatever the count. Attention's batched products over 128-wide heads agreed at 8, 16
+and 24 query rows there; they pad to ROW_MULTIPLE only. tests/plugins/test_rows.py checks both
+on the machine it runs on.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ def pad_rows(x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w^T with rows padded to a multiple of ROW_MULTIPLE: x [..., K], w [N, K] (same
+    """x @ w^T in blocks of ROW_MULTIPLE rows (the last padded): x [..., K], w [N, K] (same
     dtype) -> [..., N]. Source: measured (module docstring)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     n = x2.shape[0]
-    return F.linear(pad_rows(x2), w)[:n].reshape(*shape[:-1], w.shape[0])
+    if n == 0:
+        return F.linear(x2, w).reshape(*shape[:-1], w.shape[0])
+    y = torch.cat([F.linear(block, w) for block in pad_rows(x2).split(ROW_MULTIPLE)])
+    return y[:n].reshape(*shape[:-1], w.shape[0])

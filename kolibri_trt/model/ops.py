@@ -115,7 +115,7 @@ def causal_ranges(q_pos: torch.Tensor, k_start: int, window: int | None) -> list
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w^T, row-invariant: a row's result does not depend on how many rows share the call
-    (`kolibri_trt_plugins._rows.linear_rows`: rows padded to a multiple of 8; measured on CPU).
+    (`kolibri_trt_plugins._rows.linear_rows`: blocks of 8 rows; measured on CPU).
     x: [..., K]; w: [N, K] (same dtype). `tests/test_model_reference.py` checks the property."""
     return linear_rows(x, w)
 
