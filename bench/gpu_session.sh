@@ -4,9 +4,9 @@
 # log and JSON under $OUT, so a failing step does not cost the others. Run from the repository
 # root on the GPU machine. The parts of earlier sessions (c-v, w, y, z, za-zv, the k*, l*, m*,
 # n* parts, oa, od, oe, of, oh-ok, pa-pd, qa, rs, rt, ia, ab, gp, wg, wf, fw, wl, wp, wr, wq,
-# ms, ss, pd again (2026-12-07) and cc, fz, gb, gk, st, tr, zu) were removed once their results
-# were written up: each results README (bench/results/*/README.md) names the commit whose
-# bench/gpu_session.sh holds the part it ran.
+# ms, ss, pd again (2026-12-07), kp (2026-12-08) and cc, fz, gb, gk, st, tr, zu) were removed
+# once their results were written up: each results README (bench/results/*/README.md) names
+# the commit whose bench/gpu_session.sh holds the part it ran.
 #
 #   PART=gw bash bench/gpu_session.sh   an FP8 GEMV on wgmma at every row count, in Gluon
 #       (bench/gluon_gemv_probe.py: weights in storage order, cp.async ring, decoded weights
@@ -17,10 +17,6 @@
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
-#   PART=kp bash bench/gpu_session.sh   INT4 attention's keys per page piece (K_PIECES, the
-#       default) against per key at 16-token pages: gpu_check int4, bench/plugins.py --only
-#       attn --attn-blocks 16 (INT4 and FP8, B = 1-64 at 4k / 32k / 128k) under each, then
-#       whole decode steps (bench/fullsize.py) under each (~9 min).
 #   PART=fc bash bench/gpu_session.sh   final checks at the session's defaults: gpu_check of every
 #       kernel (split-K too), gpu_runtime on the trained default (head "auto", QKV / o_proj
 #       mma.sync, ONE_LAUNCH_ROWS 64) (~8 min).                   carry: engines/carry-b.tar.xz
@@ -214,19 +210,6 @@ case "${PART:-}" in
     step fullsize 200 python3 bench/fullsize.py --out "$OUT/fs" --parts decode --no-eager \
       --budget 170
     pack hx
-    ;;
-  kp)
-    step check 120 python3 bench/gpu_check.py --only int4
-    export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
-    step attn_pieces 100 python3 bench/plugins.py --only attn --attn-blocks 16
-    step attn_per_key 100 python3 bench/plugins.py --only attn --attn-blocks 16 \
-      --set int4_paged_attention.K_PIECES=False
-    unset KOLIBRI_PDL
-    local_fs="python3 bench/fullsize.py --parts decode --no-eager"
-    step fs_pieces 130 $local_fs --budget 110 --out "$OUT/fs_pieces"
-    step fs_per_key 100 $local_fs --budget 80 --out "$OUT/fs_per_key" \
-      --set int4_paged_attention.K_PIECES=False
-    pack kp
     ;;
   fc)
     unpack carry-b
