@@ -6,7 +6,7 @@ import torch
 from kolibri_trt_plugins._rows import linear_rows
 
 
-@pytest.mark.parametrize("n, k", [(96, 64), (131, 77), (512, 256)])
+@pytest.mark.parametrize("n, k", [(96, 64), (131, 77), (512, 256), (40, 2560)])
 def test_linear_rows_row_invariant(n, k):
     """A row's bits do not depend on how many rows share the call, from 1 to 40 rows, at any
     offset."""
