@@ -4,14 +4,14 @@ the GPU), eager and inside a CUDA graph replayed twice (bit-identical to eager),
 invariance (a row computed alone equals the same row inside a larger batch, bit for bit).
 
     python3 bench/gpu_check.py [--only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8wg,fp8gemv,fp8fused,moe,
-        splitk,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
+        moepf,splitk,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex]
         [--log FILE]
     python3 bench/gpu_check.py --device cpu --small     # dry run of the script on the ref path
 
 Exit status 1 if any check fails. Tolerances: see TOL.
 
 The checks live in gpu_check_attn.py (fold, int4, fp8attn, int4_noasm), gpu_check_gemm.py
-(nvfp4, nvfp4wg, fp8wg, fp8gemv, fp8fused, moe, splitk), gpu_check_misc.py (norm, normfused, qknorm,
+(nvfp4, nvfp4wg, fp8wg, fp8gemv, fp8fused, moe, moepf, splitk), gpu_check_misc.py (norm, normfused, qknorm,
 gumbel, vocabargmax)
 and
 gpu_check_drafter.py (ringattn, ropering, chainindex); the
@@ -62,6 +62,7 @@ from gpu_check_gemm import (  # noqa: F401
     check_fp8gemv,
     check_gemv_invariance,
     check_moe,
+    check_moe_prefetch,
     check_nvfp4,
     check_nvfp4_wgmma,
     check_split_k,
@@ -101,6 +102,7 @@ SECTIONS = {
     "fp8gemv": check_fp8gemv,
     "fp8fused": check_fp8fused,
     "moe": check_moe,
+    "moepf": check_moe_prefetch,
     "splitk": check_split_k,
     "norm": check_norm,
     "normfused": check_norm_fused,

@@ -1,4 +1,4 @@
-"""gpu_check sections nvfp4, nvfp4wg, fp8wg, fp8gemv, fp8fused, moe, splitk: the GEMV kernels
+"""gpu_check sections nvfp4, nvfp4wg, fp8wg, fp8gemv, fp8fused, moe, moepf, splitk: the GEMV kernels
 (NVFP4 and FP8 on mma.sync and on wgmma; FP8 with its fused norm prologue / SwiGLU, silu,
 residual epilogues / row gather) and the MoE experts (split-K too) against their references,
 CUDA graph replay, batch invariance. Run through bench/gpu_check.py."""
@@ -194,6 +194,31 @@ def check_moe(g, small):
             me.MAX_TOKENS, me.BY_EXPERT_TOKENS, me.ALIGN_TOKENS = saved
         record(f"moe {label} chunks of {saved[0]} = chunks of 64 (M={x.shape[0]})", same,
                "bit-identical" if same else "DIFFERS")
+
+
+def check_moe_prefetch(g, small):
+    """The MoE with its experts' weights asked of L2 by the top-k kernel (moe_route.PREFETCH 1
+    and 2, chunks up to 4 tokens): the bits of the prefetch off, eager and in a CUDA graph
+    replayed twice."""
+    import importlib
+    rt = importlib.import_module("kolibri_trt_plugins.moe_route")
+    E, H, I_, Is, k = (8, 256, 128, 128, 2) if small else (256, 2560, 768, 768, 6)
+    wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
+    saved = rt.PREFETCH_TOKENS, rt.PREFETCH
+    try:
+        for M in (1, 2, 4):
+            x = T.randn((M, H), g, device=B.DEV)
+            rt.PREFETCH_TOKENS = 0
+            want = moe_forward(x, *wts, top_k=k)
+            for mode in (1, 2):
+                rt.PREFETCH_TOKENS, rt.PREFETCH = 4, mode
+                got = moe_forward(x, *wts, top_k=k)
+                ok = torch.equal(got, want)
+                msg = ("bit-identical " if ok else "DIFFERS ") + check_graph(
+                    "moe prefetch", lambda: moe_forward(x, *wts, top_k=k), want)
+                record(f"moe prefetch PREFETCH={mode} E={E} H={H} M={M} = off", ok, msg)
+    finally:
+        rt.PREFETCH_TOKENS, rt.PREFETCH = saved
 
 
 def check_split_k(g, small):

@@ -14,6 +14,11 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
+#   PART=pf bash bench/gpu_session.sh   the MoE's L2 prefetch from the top-k kernel (moe_route
+#       PREFETCH_TOKENS / PREFETCH, off by default): gpu_check moepf (the bits of off, graphs
+#       replayed twice) and moe, moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
+#       off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2 at one
+#       token, PREFETCH 1 up to 4 tokens, off again (~6 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -203,6 +208,17 @@ case "${PART:-}" in
     step gluon_gemv 420 python3 bench/gluon_gemv_probe.py --out "$OUT/gw"
     pack gw
     ;;
+  pf)
+    step check 150 python3 bench/gpu_check.py --only moepf,moe
+    step prefetch 120 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
+    local_fs="python3 bench/fullsize.py --parts decode --no-eager --budget 60"
+    step fs_off 90 $local_fs --out "$OUT/fs_off"
+    step fs_pf2_1 90 $local_fs --out "$OUT/fs_pf2_1" --set moe_route.PREFETCH_TOKENS=1
+    step fs_pf1_4 90 $local_fs --out "$OUT/fs_pf1_4" --set moe_route.PREFETCH_TOKENS=4 \
+      --set moe_route.PREFETCH=1
+    step fs_off2 90 $local_fs --out "$OUT/fs_off2"
+    pack pf
+    ;;
   hx)
     export KOLIBRI_PDL=0  # kernels timed alone, as in plugins/NOTES.md
     step attn_blocks 150 python3 bench/plugins.py --only attn --attn-blocks 16,64
@@ -213,7 +229,7 @@ case "${PART:-}" in
     ;;
   fc)
     unpack carry-b
-    step check 240 python3 bench/gpu_check.py --only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8gemv,fp8wg,fp8fused,moe,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex,splitk
+    step check 240 python3 bench/gpu_check.py --only fold,int4,fp8attn,nvfp4,nvfp4wg,fp8gemv,fp8wg,fp8fused,moe,moepf,norm,normfused,qknorm,gumbel,ringattn,ropering,vocabargmax,chainindex,splitk
     step runtime 300 python3 bench/gpu_runtime.py --engine engines/mini-h200 --out "$OUT" \
       --prompts-file engines/prompts/spec_bench_question.jsonl
     pack fc

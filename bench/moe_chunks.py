@@ -2,7 +2,7 @@
 """moe_forward past 64 tokens on the H200: chunk size and unit layout, full Kolibri-1 MoE shapes
 (E = 256, top-6, H = 2560, I = 768, one shared expert). One call:
 
-    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles|one|split]
+    python3 bench/moe_chunks.py [--out DIR] [--variants chunks|tiles|one|split|prefetch]
 
 Per M in 16-256 (verification passes: streams x tokens per stream), VARIANTS of the
 moe_experts settings: chunks of 64 with one unit per (token, slot) pair (the layout before
@@ -15,7 +15,8 @@ The first version (chunks of 64 / 128 / 256, units by expert from 65 or 33) ran 
 bench/results/h200-2026-12-01e/oe/. Time as bench/plugins.py (one CUDA graph over 8 rotated
 input sets, median of 5 x 20 replays); bytes = router + distinct experts per call + shared +
 x/y (the least any chunking reads), TB/s and % of the 4.14 TB/s read ceiling.
-JSON: $OUT/moe_chunks.json (moe_chunks_tiles.json, moe_chunks_one.json, moe_chunks_split.json).
+JSON: $OUT/moe_chunks.json (moe_chunks_tiles.json, moe_chunks_one.json, moe_chunks_split.json,
+moe_chunks_prefetch.json). A setting named ``route.NAME`` is moe_route's, the others moe_experts'.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ load_plugins()
 from kolibri_trt_plugins.moe import moe_forward  # noqa: E402
 
 ME = importlib.import_module("kolibri_trt_plugins.moe_experts")
+RT = importlib.import_module("kolibri_trt_plugins.moe_route")
 E, H, INTER, TOPK = 256, 2560, 768, 6
 NEVER = 1 << 30
 # (M values, label, moe_experts settings); per M the first row that applies is the reference of
@@ -107,15 +109,35 @@ SPLIT = [
 ]
 
 
+# --variants prefetch: the top-k kernel asking L2 for the chosen experts' weights (moe_route
+# PREFETCH 1: gate/up, 2: gate/up and down; chunks of up to 4 tokens), the same bits; the
+# defaults again last (drift between the first and last rows bounds the noise)
+PF = {"route.PREFETCH_TOKENS": 4}
+PREFETCH = [
+    ((1, 2, 4), "defaults (no prefetch)", {}),
+    ((1, 2, 4), "prefetch gate/up", dict(PF, **{"route.PREFETCH": 1})),
+    ((1, 2, 4), "prefetch gate/up + down", dict(PF, **{"route.PREFETCH": 2})),
+    ((1, 2, 4), "defaults again", {}),
+]
+
+
+def _target(key: str):
+    """(module, attribute) of a variant's setting: ``route.NAME`` moe_route's, else
+    moe_experts'."""
+    return (RT, key[len("route."):]) if key.startswith("route.") else (ME, key)
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else /tmp)")
-    ap.add_argument("--variants", choices=("chunks", "tiles", "one", "split"), default="chunks",
+    ap.add_argument("--variants", choices=("chunks", "tiles", "one", "split", "prefetch"),
+                    default="chunks",
                     help="chunks: VARIANTS (chunk size, units, stages, shared groups); tiles: "
                          "TILES; one: ONE (1-8 tokens: warps, stages, K step); split: SPLIT "
-                         "(K split at 1-16 tokens, summed in the launch or by a combine)")
+                         "(K split at 1-16 tokens, summed in the launch or by a combine); "
+                         "prefetch: PREFETCH (L2 prefetch from the top-k kernel)")
     args = ap.parse_args()
-    variants = {"chunks": VARIANTS, "tiles": TILES, "one": ONE, "split": SPLIT}[args.variants]
+    variants = {"chunks": VARIANTS, "tiles": TILES, "one": ONE, "split": SPLIT,
+                "prefetch": PREFETCH}[args.variants]
     out = PT.out_dir()
     wts = PT.moe_weights(E, H, INTER)
     rows = []
@@ -126,10 +148,10 @@ def main() -> int:
         for ms, label, settings in variants:
             if m not in ms:
                 continue
-            saved = {k: getattr(ME, k) for k in settings}
+            saved = {k: getattr(*_target(k)) for k in settings}
             try:
                 for k, v in settings.items():
-                    setattr(ME, k, v)
+                    setattr(*_target(k), v)
                 outs = [moe_forward(x, *wts, top_k=TOPK) for x in xs]
                 split = tuple(settings.get(k, getattr(ME, k)) for k in SPLIT_KEYS)
                 base = bases.setdefault(split, outs)
@@ -140,7 +162,7 @@ def main() -> int:
                 continue
             finally:
                 for k, v in saved.items():
-                    setattr(ME, k, v)
+                    setattr(*_target(k), v)
             tbs = nbytes / us / 1e6
             rows.append(dict(M=m, variant=label, us=us, MB=nbytes / 1e6, TBs=tbs,
                              pct=100 * tbs * 1e12 / PT.BW, bits_equal=same))

@@ -77,7 +77,8 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
     if M == 0:
         return y
     # routed here, not through the moe_route op: this runs inside the moe_forward op already
-    ids, wts = launch_moe_route(x, router_weight, top_k, renormalize, interpret)
+    ids, wts = launch_moe_route(x, router_weight, top_k, renormalize, interpret,
+                                (w13, w2, sw13, sw2))
     chunk = moe_experts.MAX_TOKENS   # read at each call (benchmarks and tests set it)
     for c0 in range(0, M, chunk):
         c1 = min(M, c0 + chunk)

@@ -11,6 +11,9 @@ function of (E, H) only, so batch invariant, but other logit bits than SPLIT_H =
 H200 at E = 256, H = 2560 (`bench/gemv_tune.py --kernels router`,
 bench/results/h200-2026-11-30l/ko/router.log): SPLIT_H 1 -> 5 with BLOCK_H 256, M = 1
 9.2 -> 6.2 µs, M = 64 14.9 -> 7.9 µs, the same expert ids on the sweep's inputs.
+For chunks of at most PREFETCH_TOKENS tokens the top-k kernel also asks L2 for the chosen
+experts' weights (plugins/_prefetch.py), one program per ~1 MB request; the ids and weights
+are unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ._common import early_launch, pdl_enter, pdl_release
 from ._row_tiles import dot_into, tile_acc
 from ._rows import linear_rows
 from ._split_k import k_range, num_splits, sum_splits
+from ._prefetch import bulk_prefetch_here, chunk_span, chunking, prefetch_l2
 
 ROWS = 16
 MAX_TILES = 4
@@ -35,6 +39,13 @@ SPLIT_H = 5      # H ranges per expert tile (module docstring)
 # top-k run by the logits kernel's last program per token tile (a ticket counter) took 5.3 /
 # 30.3 µs: at 64 tokens one program ran the top-k of all of them (removed).
 TOPK_WARPS = 1
+# Chunks of at most PREFETCH_TOKENS tokens (0: never) ask L2 for their experts' weights from the
+# top-k kernel (plugins/_prefetch.py: one program per ~1 MB request, each redoing the token's
+# top-k; program 0 stores it): PREFETCH 1 the gate/up weights (w13), 2 those and down (w2); the
+# shared expert's too, from token 0's programs. The same ids and bits. Off until timed on the GPU
+# (bench/gpu_session.sh PART=pf).
+PREFETCH_TOKENS = 0
+PREFETCH = 2
 
 
 @jit
@@ -75,9 +86,43 @@ def _router_logits_kernel(x_ptr, wr_ptr, lg_ptr, M, E, H, sx_m,
 
 
 @jit
-def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.constexpr,
-                 K_P: tl.constexpr, RENORM: tl.constexpr, SPLIT: tl.constexpr = 1,
-                 PDL: tl.constexpr = 0):
+def _pick(w, v0, v1, v2, v3):
+    """v_w of four int64 scalars (w in 0..3)."""
+    return tl.where(w == 0, v0, tl.where(w == 1, v1, tl.where(w == 2, v2, v3)))
+
+
+@jit
+def _prefetch_item(q, m, sel_i, kk, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2, ps13, ps2,
+                   C13: tl.constexpr, C2: tl.constexpr, CS13: tl.constexpr, CS2: tl.constexpr,
+                   TOPK: tl.constexpr):
+    """(region base, region bytes, chunk, chunk bytes) int64 of request q of token m: q <
+    TOPK·(C13 + C2) is chunk q % (C13 + C2) of slot q // (C13 + C2)'s expert (its w13 chunks,
+    then its w2 chunks); then token 0 alone asks for the shared expert's CS13 + CS2. a*: base
+    addresses of w13, w2, the shared w13 and w2; b*: bytes per expert; p*: bytes per chunk
+    (`_prefetch.chunking`). Past the last request (or another token's shared one): bytes 0."""
+    per_e: tl.constexpr = C13 + C2
+    e = tl.sum(tl.where(kk == q // per_e, sel_i, 0), 0).to(tl.int64)
+    c = q % per_e
+    qs = q - TOPK * per_e
+    sh = qs >= 0
+    w = tl.where(sh, tl.where(qs < CS13, 2, 3), tl.where(c < C13, 0, 1))
+    cw = tl.where(sh, tl.where(qs < CS13, qs, qs - CS13), tl.where(c < C13, c, c - C13))
+    b = _pick(w, b13, b2, bs13, bs2)
+    base = _pick(w, a13, a2, as13, as2) + tl.where(sh, 0, e) * b
+    live = (qs < 0) | ((m == 0) & (qs < CS13 + CS2))
+    return base, tl.where(live, b, 0), cw, _pick(w, p13, p2, ps13, ps2)
+
+
+@jit
+def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2,
+                 ps13, ps2, TOPK: tl.constexpr,
+                 E_P: tl.constexpr, K_P: tl.constexpr, RENORM: tl.constexpr,
+                 SPLIT: tl.constexpr = 1, PF: tl.constexpr = False, C13: tl.constexpr = 0,
+                 C2: tl.constexpr = 0, CS13: tl.constexpr = 0, CS2: tl.constexpr = 0,
+                 ASM: tl.constexpr = False, PDL: tl.constexpr = 0):
+    """Program (token m, request q): the token's top-k; q = 0 stores it. PF: request q of
+    `_prefetch_item` asked of L2 (ASM: the instruction; else only its address maths). The
+    prefetch arguments (a13 ... ps2, C13 ... CS2) are read only under PF."""
     pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_P)
@@ -101,9 +146,17 @@ def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, TOPK: tl.constexpr, E_P: tl.const
         p = tl.where(e == idx, -2.0, p)
     if RENORM:
         sel_p = sel_p / total
+    q = tl.program_id(1)
+    if PF:
+        base, nbytes, c, per = _prefetch_item(q, m, sel_i, kk, a13, a2, as13, as2, b13, b2,
+                                              bs13, bs2, p13, p2, ps13, ps2, C13, C2, CS13,
+                                              CS2, TOPK)
+        addr, size = chunk_span(base, nbytes, c, per)
+        prefetch_l2(addr, size, ASM)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
-    tl.store(ids_ptr + m * TOPK + kk, sel_i, mask=kk < TOPK)
-    tl.store(w_ptr + m * TOPK + kk, sel_p, mask=kk < TOPK)
+    if q == 0:
+        tl.store(ids_ptr + m * TOPK + kk, sel_i, mask=kk < TOPK)
+        tl.store(w_ptr + m * TOPK + kk, sel_p, mask=kk < TOPK)
 
 
 def moe_route_ref(x, router_weight, top_k: int, renormalize: bool = True):
@@ -133,10 +186,14 @@ def _(x, router_weight, top_k, renormalize):
     return (x.new_empty((M, top_k), dtype=torch.int32), x.new_empty((M, top_k), dtype=torch.float32))
 
 
-def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret: bool = False):
+def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret: bool = False,
+                     prefetch=None):
     """The two routing kernels without argument checks or op dispatch, for `moe_forward`'s
     CUDA body (inside its own op, which checked x, router_weight and top_k as
-    :func:`moe_route` does). Same arguments and results as :func:`moe_route`."""
+    :func:`moe_route` does). Same arguments and results as :func:`moe_route`; prefetch: None,
+    or the MoE's e4m3 weights (w13 [E, 2I, H], w2 [E, H, I], shared w13 [1, 2Is, H] or None,
+    shared w2 [1, H, Is] or None) whose chosen experts the top-k kernel asks L2 for
+    (PREFETCH_TOKENS, PREFETCH)."""
     M, H = x.shape
     E = router_weight.shape[0]
     ids = torch.empty((M, top_k), dtype=torch.int32, device=x.device)
@@ -150,10 +207,37 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
            router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
            ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret,
            pdl_early=early_launch("moe", M), **TUNE)
-    launch(_topk_kernel, (M,), logits, ids, wts, M, E, TOPK=top_k, E_P=max(16, next_pow2(E)),
-           K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize), SPLIT=split, num_warps=TOPK_WARPS,
-           interpret=interpret, pdl_early=early_launch("moe", M))
+    pf = _prefetch_args(M, top_k, prefetch, interpret)
+    launch(_topk_kernel, (M, pf[0]), logits, ids, wts, M, E, *pf[1], TOPK=top_k,
+           E_P=max(16, next_pow2(E)), K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize),
+           SPLIT=split, num_warps=TOPK_WARPS, interpret=interpret,
+           pdl_early=early_launch("moe", M), **pf[2])
     return ids, wts
+
+
+def _prefetch_args(M: int, top_k: int, weights, interpret: bool):
+    """(requests per token, the top-k kernel's 12 prefetch scalars, its constexprs) for a
+    chunk of M tokens: PREFETCH's weights of `weights` = (w13, w2, shared w13, shared w2; the
+    shared pair may be None) when 0 < M <= PREFETCH_TOKENS, else one program per token and
+    zeros. Raises ValueError on a PREFETCH other than 1 or 2."""
+    if PREFETCH not in (1, 2):
+        raise ValueError(f"moe_route.PREFETCH: 1 (gate/up weights) or 2 (and down), got "
+                         f"{PREFETCH!r}")
+    if weights is None or M > PREFETCH_TOKENS:
+        return 1, (0,) * 12, {}
+    wanted = list(weights) if PREFETCH == 2 else [weights[0], None, weights[2], None]
+    addr, per_e, per, chunks = [], [], [], []
+    for i, w in enumerate(wanted):
+        size = 0 if w is None else w[0].numel() * w.element_size()   # one expert's bytes
+        n, p = chunking(size)
+        addr.append(0 if w is None else w.data_ptr())
+        per_e.append(size)
+        per.append(p)
+        chunks.append(n)
+    requests = top_k * (chunks[0] + chunks[1]) + chunks[2] + chunks[3]
+    asm = not interpret and bulk_prefetch_here()
+    consts = dict(PF=True, C13=chunks[0], C2=chunks[1], CS13=chunks[2], CS2=chunks[3], ASM=asm)
+    return requests, tuple(addr + per_e + per), consts
 
 
 def moe_route(x, router_weight, top_k: int, renormalize: bool = True, interpret: bool = False):
