@@ -197,8 +197,8 @@ def check_moe(g, small):
 
 
 def check_moe_prefetch(g, small):
-    """The MoE with its experts' weights asked of L2 by the top-k kernel (moe_route.PREFETCH 1
-    and 2, chunks up to 4 tokens): the bits of the prefetch off, eager and in a CUDA graph
+    """The MoE with its experts' weights asked of L2 by the top-k kernel (moe_route.PREFETCH 1,
+    2 and 3, chunks up to 4 tokens): the bits of the prefetch off, eager and in a CUDA graph
     replayed twice."""
     import importlib
     rt = importlib.import_module("kolibri_trt_plugins.moe_route")
@@ -210,7 +210,7 @@ def check_moe_prefetch(g, small):
             x = T.randn((M, H), g, device=B.DEV)
             rt.PREFETCH_TOKENS = 0
             want = moe_forward(x, *wts, top_k=k)
-            for mode in (1, 2):
+            for mode in (1, 2, 3):
                 rt.PREFETCH_TOKENS, rt.PREFETCH = 4, mode
                 got = moe_forward(x, *wts, top_k=k)
                 ok = torch.equal(got, want)

@@ -17,8 +17,8 @@
 #   PART=pf bash bench/gpu_session.sh   the MoE's L2 prefetch from the top-k kernel (moe_route
 #       PREFETCH_TOKENS / PREFETCH, off by default): gpu_check moepf (the bits of off, graphs
 #       replayed twice) and moe, moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
-#       off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2 at one
-#       token, PREFETCH 1 up to 4 tokens, off again (~6 min).
+#       down / off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2
+#       at one token, PREFETCH 1 and 3 up to 4 tokens, off again (~8 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -211,12 +211,14 @@ case "${PART:-}" in
   pf)
     step check 150 python3 bench/gpu_check.py --only moepf,moe
     step prefetch 120 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
-    local_fs="python3 bench/fullsize.py --parts decode --no-eager --budget 60"
-    step fs_off 90 $local_fs --out "$OUT/fs_off"
-    step fs_pf2_1 90 $local_fs --out "$OUT/fs_pf2_1" --set moe_route.PREFETCH_TOKENS=1
-    step fs_pf1_4 90 $local_fs --out "$OUT/fs_pf1_4" --set moe_route.PREFETCH_TOKENS=4 \
+    local_fs="python3 bench/fullsize.py --parts decode --no-eager --budget 50"
+    step fs_off 75 $local_fs --out "$OUT/fs_off"
+    step fs_pf2_1 75 $local_fs --out "$OUT/fs_pf2_1" --set moe_route.PREFETCH_TOKENS=1
+    step fs_pf1_4 75 $local_fs --out "$OUT/fs_pf1_4" --set moe_route.PREFETCH_TOKENS=4 \
       --set moe_route.PREFETCH=1
-    step fs_off2 90 $local_fs --out "$OUT/fs_off2"
+    step fs_pf3_4 75 $local_fs --out "$OUT/fs_pf3_4" --set moe_route.PREFETCH_TOKENS=4 \
+      --set moe_route.PREFETCH=3
+    step fs_off2 75 $local_fs --out "$OUT/fs_off2"
     pack pf
     ;;
   hx)

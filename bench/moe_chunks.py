@@ -110,13 +110,14 @@ SPLIT = [
 
 
 # --variants prefetch: the top-k kernel asking L2 for the chosen experts' weights (moe_route
-# PREFETCH 1: gate/up, 2: gate/up and down; chunks of up to 4 tokens), the same bits; the
+# PREFETCH 1: gate/up, 2: gate/up and down, 3: down; chunks of up to 4 tokens), the same bits; the
 # defaults again last (drift between the first and last rows bounds the noise)
 PF = {"route.PREFETCH_TOKENS": 4}
 PREFETCH = [
     ((1, 2, 4), "defaults (no prefetch)", {}),
     ((1, 2, 4), "prefetch gate/up", dict(PF, **{"route.PREFETCH": 1})),
     ((1, 2, 4), "prefetch gate/up + down", dict(PF, **{"route.PREFETCH": 2})),
+    ((1, 2, 4), "prefetch down", dict(PF, **{"route.PREFETCH": 3})),
     ((1, 2, 4), "defaults again", {}),
 ]
 

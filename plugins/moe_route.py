@@ -41,8 +41,9 @@ SPLIT_H = 5      # H ranges per expert tile (module docstring)
 TOPK_WARPS = 1
 # Chunks of at most PREFETCH_TOKENS tokens (0: never) ask L2 for their experts' weights from the
 # top-k kernel (plugins/_prefetch.py: one program per ~1 MB request, each redoing the token's
-# top-k; program 0 stores it): PREFETCH 1 the gate/up weights (w13), 2 those and down (w2); the
-# shared expert's too, from token 0's programs. The same ids and bits. Off until timed on the GPU
+# top-k; program 0 stores it): PREFETCH 1 the gate/up weights (w13), 2 those and down (w2), 3
+# down alone (read one launch later, beside gate/up's 27.5 MB at one token); the shared
+# expert's too, from token 0's programs. The same ids and bits. Off until timed on the GPU
 # (bench/gpu_session.sh PART=pf).
 PREFETCH_TOKENS = 0
 PREFETCH = 2
@@ -219,13 +220,14 @@ def _prefetch_args(M: int, top_k: int, weights, interpret: bool):
     """(requests per token, the top-k kernel's 12 prefetch scalars, its constexprs) for a
     chunk of M tokens: PREFETCH's weights of `weights` = (w13, w2, shared w13, shared w2; the
     shared pair may be None) when 0 < M <= PREFETCH_TOKENS, else one program per token and
-    zeros. Raises ValueError on a PREFETCH other than 1 or 2."""
-    if PREFETCH not in (1, 2):
-        raise ValueError(f"moe_route.PREFETCH: 1 (gate/up weights) or 2 (and down), got "
-                         f"{PREFETCH!r}")
+    zeros. Raises ValueError on a PREFETCH other than 1, 2 or 3."""
+    keep = {1: (0, 2), 2: (0, 1, 2, 3), 3: (1, 3)}.get(PREFETCH)   # indices into weights
+    if keep is None:
+        raise ValueError(f"moe_route.PREFETCH: 1 (gate/up weights), 2 (gate/up and down) or 3 "
+                         f"(down), got {PREFETCH!r}")
     if weights is None or M > PREFETCH_TOKENS:
         return 1, (0,) * 12, {}
-    wanted = list(weights) if PREFETCH == 2 else [weights[0], None, weights[2], None]
+    wanted = [w if i in keep else None for i, w in enumerate(weights)]
     addr, per_e, per, chunks = [], [], [], []
     for i, w in enumerate(wanted):
         size = 0 if w is None else w[0].numel() * w.element_size()   # one expert's bytes

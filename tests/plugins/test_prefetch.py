@@ -84,34 +84,36 @@ def test_chunk_spans_tile_the_region(interp, base, nbytes):
     assert _union(spans) == [w for w in want if w[1] > w[0]]
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("shared", [True, False])
 def test_requests_ask_for_the_chosen_experts(interp, mode, shared):
-    """Every token's requests cover exactly its experts' w13 (and w2 in mode 2) regions, token
-    0's the shared expert's too; an expert picked twice is asked for once per pick."""
+    """Every token's requests cover exactly its experts' w13 (modes 1, 2) and w2 (2, 3)
+    regions, token 0's the shared expert's too; an expert picked twice is asked for once per
+    pick."""
     topk, b13, b2, bs13, bs2 = 3, 3 * MAX_BYTES + 48, 2 * MAX_BYTES - 16, MAX_BYTES + 32, 4096
     a13, a2, as13, as2 = 1 << 40, 1 << 41, 1 << 42, 1 << 43
     ids = torch.tensor([[5, 0, 7], [7, 2, 5]], dtype=torch.int32)
-    c13, p13 = chunking(b13)
-    c2, p2 = chunking(b2) if mode == 2 else (0, 16)
-    cs13, ps13 = chunking(bs13) if shared else (0, 16)
-    cs2, ps2 = chunking(bs2) if shared and mode == 2 else (0, 16)
+    up, down = mode in (1, 2), mode in (2, 3)
+    c13, p13 = chunking(b13 if up else 0)
+    c2, p2 = chunking(b2 if down else 0)
+    cs13, ps13 = chunking(bs13 if shared and up else 0)
+    cs2, ps2 = chunking(bs2 if shared and down else 0)
     req = topk * (c13 + c2) + cs13 + cs2
     out = torch.zeros((2, req, 2), dtype=torch.int64)
     launch(_items_kernel, (2, req), out, ids, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2,
            ps13, ps2, C13=c13, C2=c2, CS13=cs13, CS2=cs2, TOPK=topk, K_P=4, interpret=True)
     for m in range(2):
-        want = [(a13 + e * b13, a13 + (e + 1) * b13) for e in sorted(ids[m].tolist())]
-        if mode == 2:
-            want += [(a2 + e * b2, a2 + (e + 1) * b2) for e in sorted(ids[m].tolist())]
+        picked = sorted(ids[m].tolist())
+        want = [(a13 + e * b13, a13 + (e + 1) * b13) for e in picked] if up else []
+        want += [(a2 + e * b2, a2 + (e + 1) * b2) for e in picked] if down else []
         if shared and m == 0:
-            want += [(as13, as13 + bs13)] + ([(as2, as2 + bs2)] if mode == 2 else [])
+            want += ([(as13, as13 + bs13)] if up else []) + ([(as2, as2 + bs2)] if down else [])
         got = out[m].tolist()
         assert _union(got) == _union([(lo, hi - lo) for lo, hi in want])
         assert sum(s for _, s in got if s > 0) == sum(hi - lo for lo, hi in want)
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("M", [1, 3])
 def test_prefetch_keeps_ids_and_outputs(interp, monkeypatch, mode, M):
     """moe_forward with the prefetch (its top-k kernel over one program per request, program 0
@@ -133,7 +135,7 @@ def test_prefetch_keeps_ids_and_outputs(interp, monkeypatch, mode, M):
 def test_unknown_prefetch_mode_raises(interp, monkeypatch):
     g = T.gen(79)
     rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
-    monkeypatch.setattr(RT, "PREFETCH", 3)
+    monkeypatch.setattr(RT, "PREFETCH", 4)
     with pytest.raises(ValueError, match="PREFETCH"):
         moe_forward(T.randn((1, H), g), rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2, top_k=K,
                     interpret=True)
