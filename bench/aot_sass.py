@@ -82,9 +82,9 @@ PRESETS["fp8_drafter_block"] = ("fp8_gemv", "_fp8_gemv_kernel",
 # the MoE's top-k kernel under PDL mode 3 (its early launch); --set PF=1: the L2 prefetch
 # requests of one token (6 experts x (4 + 2) chunks + the shared expert's 6)
 PRESETS["moe_topk"] = ("moe_route", "_topk_kernel", dict(
-    lg_ptr="*fp32", ids_ptr="*i32", w_ptr="*fp32", M="i32", E="i32",
-    **{n: "i64" for n in ("a13", "a2", "as13", "as2", "b13", "b2", "bs13", "bs2", "p13", "p2",
-                          "ps13", "ps2")},
+    lg_ptr="*fp32", ids_ptr="*i32", w_ptr="*fp32", log_ptr="*i32", M="i32", E="i32",
+    **{n: "i64" for n in ("a13", "a2", "as13", "as2")},     # as a launch types them
+    **{n: "i32" for n in ("b13", "b2", "bs13", "bs2", "p13", "p2", "ps13", "ps2")},
     TOPK=6, E_P=256, K_P=8, RENORM=True, SPLIT=5, PF=False, C13=4, C2=2, CS13=4, CS2=2,
     ASM=True, PDL=3), ("lg_ptr", "ids_ptr", "w_ptr"))
 PRESETS["splitk_norm"] = ("gemv_add_rms_norm", "_splitk_add_rms_norm_kernel", dict(

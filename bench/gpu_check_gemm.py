@@ -203,10 +203,11 @@ def check_moe_prefetch(g, small):
     import importlib
     rt = importlib.import_module("kolibri_trt_plugins.moe_route")
     E, H, I_, Is, k = (8, 256, 128, 128, 2) if small else (256, 2560, 768, 768, 6)
-    wts = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
+    full = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
     saved = rt.PREFETCH_TOKENS, rt.PREFETCH
     try:
-        for M in (1, 2, 4):
+        for M, wts, label in ((1, full, ""), (2, full, ""), (4, full, ""),
+                              (1, full[:5], " no shared expert")):
             x = T.randn((M, H), g, device=B.DEV)
             rt.PREFETCH_TOKENS = 0
             want = moe_forward(x, *wts, top_k=k)
@@ -216,7 +217,7 @@ def check_moe_prefetch(g, small):
                 ok = torch.equal(got, want)
                 msg = ("bit-identical " if ok else "DIFFERS ") + check_graph(
                     "moe prefetch", lambda: moe_forward(x, *wts, top_k=k), want)
-                record(f"moe prefetch PREFETCH={mode} E={E} H={H} M={M} = off", ok, msg)
+                record(f"moe prefetch PREFETCH={mode} E={E} H={H} M={M}{label} = off", ok, msg)
     finally:
         rt.PREFETCH_TOKENS, rt.PREFETCH = saved
 

@@ -18,7 +18,8 @@
 #       PREFETCH_TOKENS / PREFETCH, off by default): gpu_check moepf (the bits of off, graphs
 #       replayed twice) and moe, moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
 #       down / off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2
-#       at one token, PREFETCH 1 and 3 up to 4 tokens, off again (~8 min).
+#       at one token (41 MB), PREFETCH 3 up to 2 tokens (26 MB), off again (the step limits
+#       add up to 505 s; ~7 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -209,16 +210,15 @@ case "${PART:-}" in
     pack gw
     ;;
   pf)
-    step check 150 python3 bench/gpu_check.py --only moepf,moe
-    step prefetch 120 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
-    local_fs="python3 bench/fullsize.py --parts decode --no-eager --budget 50"
-    step fs_off 75 $local_fs --out "$OUT/fs_off"
-    step fs_pf2_1 75 $local_fs --out "$OUT/fs_pf2_1" --set moe_route.PREFETCH_TOKENS=1
-    step fs_pf1_4 75 $local_fs --out "$OUT/fs_pf1_4" --set moe_route.PREFETCH_TOKENS=4 \
-      --set moe_route.PREFETCH=1
-    step fs_pf3_4 75 $local_fs --out "$OUT/fs_pf3_4" --set moe_route.PREFETCH_TOKENS=4 \
-      --set moe_route.PREFETCH=3
-    step fs_off2 75 $local_fs --out "$OUT/fs_off2"
+    step check 110 python3 bench/gpu_check.py --only moepf,moe
+    step prefetch 100 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
+    local_fs="python3 bench/fullsize.py --parts decode --no-eager"
+    step fs_off 85 $local_fs --budget 60 --out "$OUT/fs_off"   # the first run compiles (~48 s)
+    step fs_pf2_1 70 $local_fs --budget 45 --out "$OUT/fs_pf2_1" \
+      --set moe_route.PREFETCH_TOKENS=1
+    step fs_pf3_2 70 $local_fs --budget 45 --out "$OUT/fs_pf3_2" \
+      --set moe_route.PREFETCH_TOKENS=2 --set moe_route.PREFETCH=3
+    step fs_off2 70 $local_fs --budget 45 --out "$OUT/fs_off2"
     pack pf
     ;;
   hx)

@@ -27,10 +27,11 @@ MAX_BYTES = 65535 * 16   # bytes one bulk prefetch can ask for
 _BULK_DEVICES: dict[int, bool] = {}
 
 
-def bulk_prefetch_here() -> bool:
-    """True when the current CUDA device has the bulk prefetch (compute capability >= 9;
-    cached per device)."""
-    dev = torch.cuda.current_device()
+def bulk_prefetch_here(device: torch.device) -> bool:
+    """True when CUDA device `device` has the bulk prefetch (compute capability >= 9; cached
+    per device)."""
+    dev = torch.device(device).index
+    dev = torch.cuda.current_device() if dev is None else dev
     if dev not in _BULK_DEVICES:
         _BULK_DEVICES[dev] = torch.cuda.get_device_capability(dev)[0] >= 9
     return _BULK_DEVICES[dev]

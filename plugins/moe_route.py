@@ -43,8 +43,10 @@ TOPK_WARPS = 1
 # top-k kernel (plugins/_prefetch.py: one program per ~1 MB request, each redoing the token's
 # top-k; program 0 stores it): PREFETCH 1 the gate/up weights (w13), 2 those and down (w2), 3
 # down alone (read one launch later, beside gate/up's 27.5 MB at one token); the shared
-# expert's too, from token 0's programs. The same ids and bits. Off until timed on the GPU
-# (bench/gpu_session.sh PART=pf).
+# expert's too, from token 0's programs. The same ids and bits. Bytes asked for per token:
+# gate/up 23.6 MB, down 11.8 MB (6 experts), the shared expert's 3.9 / 2.0 MB once: past 1
+# token (modes 1, 2) or 2 tokens (mode 3) more than the ~50 MB L2 of an H100 / H200 holds.
+# Off until timed on the GPU (bench/gpu_session.sh PART=pf).
 PREFETCH_TOKENS = 0
 PREFETCH = 2
 
@@ -93,16 +95,17 @@ def _pick(w, v0, v1, v2, v3):
 
 
 @jit
-def _prefetch_item(q, m, sel_i, kk, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2, ps13, ps2,
-                   C13: tl.constexpr, C2: tl.constexpr, CS13: tl.constexpr, CS2: tl.constexpr,
-                   TOPK: tl.constexpr):
+def _prefetch_item(q, m, sel_i, kk, E, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2, ps13,
+                   ps2, C13: tl.constexpr, C2: tl.constexpr, CS13: tl.constexpr,
+                   CS2: tl.constexpr, TOPK: tl.constexpr):
     """(region base, region bytes, chunk, chunk bytes) int64 of request q of token m: q <
     TOPK·(C13 + C2) is chunk q % (C13 + C2) of slot q // (C13 + C2)'s expert (its w13 chunks,
     then its w2 chunks); then token 0 alone asks for the shared expert's CS13 + CS2. a*: base
     addresses of w13, w2, the shared w13 and w2; b*: bytes per expert; p*: bytes per chunk
-    (`_prefetch.chunking`). Past the last request (or another token's shared one): bytes 0."""
+    (`_prefetch.chunking`). Past the last request (or another token's shared one): bytes 0.
+    An expert id past E - 1 (NaN logits) asks for expert E - 1's bytes, never past w13 / w2."""
     per_e: tl.constexpr = C13 + C2
-    e = tl.sum(tl.where(kk == q // per_e, sel_i, 0), 0).to(tl.int64)
+    e = tl.minimum(tl.sum(tl.where(kk == q // per_e, sel_i, 0), 0), E - 1).to(tl.int64)
     c = q % per_e
     qs = q - TOPK * per_e
     sh = qs >= 0
@@ -115,15 +118,17 @@ def _prefetch_item(q, m, sel_i, kk, a13, a2, as13, as2, b13, b2, bs13, bs2, p13,
 
 
 @jit
-def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2,
-                 ps13, ps2, TOPK: tl.constexpr,
+def _topk_kernel(lg_ptr, ids_ptr, w_ptr, log_ptr, M, E, a13, a2, as13, as2, b13, b2, bs13, bs2,
+                 p13, p2, ps13, ps2, TOPK: tl.constexpr,
                  E_P: tl.constexpr, K_P: tl.constexpr, RENORM: tl.constexpr,
                  SPLIT: tl.constexpr = 1, PF: tl.constexpr = False, C13: tl.constexpr = 0,
                  C2: tl.constexpr = 0, CS13: tl.constexpr = 0, CS2: tl.constexpr = 0,
-                 ASM: tl.constexpr = False, PDL: tl.constexpr = 0):
+                 ASM: tl.constexpr = False, LOG: tl.constexpr = False,
+                 PDL: tl.constexpr = 0):
     """Program (token m, request q): the token's top-k; q = 0 stores it. PF: request q of
     `_prefetch_item` asked of L2 (ASM: the instruction; else only its address maths). The
-    prefetch arguments (a13 ... ps2, C13 ... CS2) are read only under PF."""
+    prefetch arguments (a13 ... ps2, C13 ... CS2) are read only under PF; LOG (tests): the
+    request's (address, bytes) int64 stored at log_ptr + 2·(m·num_programs(1) + q)."""
     pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_P)
@@ -149,11 +154,15 @@ def _topk_kernel(lg_ptr, ids_ptr, w_ptr, M, E, a13, a2, as13, as2, b13, b2, bs13
         sel_p = sel_p / total
     q = tl.program_id(1)
     if PF:
-        base, nbytes, c, per = _prefetch_item(q, m, sel_i, kk, a13, a2, as13, as2, b13, b2,
-                                              bs13, bs2, p13, p2, ps13, ps2, C13, C2, CS13,
+        base, nbytes, c, per = _prefetch_item(q, m, sel_i, kk, E, a13, a2, as13, as2, b13,
+                                              b2, bs13, bs2, p13, p2, ps13, ps2, C13, C2, CS13,
                                               CS2, TOPK)
         addr, size = chunk_span(base, nbytes, c, per)
         prefetch_l2(addr, size, ASM)
+        if LOG:
+            at = 2 * (m * tl.num_programs(1) + q)
+            tl.store(log_ptr + at, addr)
+            tl.store(log_ptr + at + 1, size)
     pdl_release(PDL)      # the next kernel may launch now (PDL 2)
     if q == 0:
         tl.store(ids_ptr + m * TOPK + kk, sel_i, mask=kk < TOPK)
@@ -188,13 +197,14 @@ def _(x, router_weight, top_k, renormalize):
 
 
 def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret: bool = False,
-                     prefetch=None):
+                     prefetch=None, request_log: list | None = None):
     """The two routing kernels without argument checks or op dispatch, for `moe_forward`'s
     CUDA body (inside its own op, which checked x, router_weight and top_k as
     :func:`moe_route` does). Same arguments and results as :func:`moe_route`; prefetch: None,
     or the MoE's e4m3 weights (w13 [E, 2I, H], w2 [E, H, I], shared w13 [1, 2Is, H] or None,
     shared w2 [1, H, Is] or None) whose chosen experts the top-k kernel asks L2 for
-    (PREFETCH_TOKENS, PREFETCH)."""
+    (PREFETCH_TOKENS, PREFETCH); request_log (tests): a list that gets the requests' (address,
+    bytes) int64 [M, requests, 2] when the prefetch runs."""
     M, H = x.shape
     E = router_weight.shape[0]
     ids = torch.empty((M, top_k), dtype=torch.int32, device=x.device)
@@ -208,15 +218,19 @@ def launch_moe_route(x, router_weight, top_k: int, renormalize: bool, interpret:
            router_weight, logits, M, E, H, x.stride(0), BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H,
            ROWS=ROWS, MT=mt, DOT_F32=interpret, SPLIT=split, interpret=interpret,
            pdl_early=early_launch("moe", M), **TUNE)
-    pf = _prefetch_args(M, top_k, prefetch, interpret)
-    launch(_topk_kernel, (M, pf[0]), logits, ids, wts, M, E, *pf[1], TOPK=top_k,
+    pf = _prefetch_args(M, top_k, prefetch, interpret, x.device)
+    log = ids
+    if request_log is not None and pf[0] > 1:
+        log = torch.zeros((M, pf[0], 2), dtype=torch.int64, device=x.device)
+        request_log.append(log)
+    launch(_topk_kernel, (M, pf[0]), logits, ids, wts, log, M, E, *pf[1], TOPK=top_k,
            E_P=max(16, next_pow2(E)), K_P=max(2, next_pow2(top_k)), RENORM=bool(renormalize),
            SPLIT=split, num_warps=TOPK_WARPS, interpret=interpret,
-           pdl_early=early_launch("moe", M), **pf[2])
+           pdl_early=early_launch("moe", M), LOG=log is not ids, **pf[2])
     return ids, wts
 
 
-def _prefetch_args(M: int, top_k: int, weights, interpret: bool):
+def _prefetch_args(M: int, top_k: int, weights, interpret: bool, device: torch.device):
     """(requests per token, the top-k kernel's 12 prefetch scalars, its constexprs) for a
     chunk of M tokens: PREFETCH's weights of `weights` = (w13, w2, shared w13, shared w2; the
     shared pair may be None) when 0 < M <= PREFETCH_TOKENS, else one program per token and
@@ -237,7 +251,7 @@ def _prefetch_args(M: int, top_k: int, weights, interpret: bool):
         per.append(p)
         chunks.append(n)
     requests = top_k * (chunks[0] + chunks[1]) + chunks[2] + chunks[3]
-    asm = not interpret and bulk_prefetch_here()
+    asm = not interpret and bulk_prefetch_here(device)
     consts = dict(PF=True, C13=chunks[0], C2=chunks[1], CS13=chunks[2], CS2=chunks[3], ASM=asm)
     return requests, tuple(addr + per_e + per), consts
 

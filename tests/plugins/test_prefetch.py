@@ -1,6 +1,7 @@
 """The MoE's L2 prefetch from the top-k kernel (plugins/_prefetch.py, moe_route.PREFETCH_*):
-the chunking and the requests' address maths in the interpreter, the same ids and outputs with
-the prefetch on, and the instruction's place in the sm_90 PTX (compiled here, no GPU)."""
+the chunking, the requests the kernel itself makes (logged in the interpreter) against the
+chosen experts' weight regions, the same ids and outputs with the prefetch on, and the
+instruction's place in the sm_90 PTX (compiled here, no GPU)."""
 
 import importlib
 import subprocess
@@ -13,12 +14,14 @@ from kolibri_trt_plugins import testing as T
 from kolibri_trt_plugins._common import HAVE_TRITON, launch, tl
 from kolibri_trt_plugins._prefetch import MAX_BYTES, chunk_span, chunking
 from kolibri_trt_plugins.moe import moe_forward
-from kolibri_trt_plugins.moe_route import _prefetch_item, moe_route
+from kolibri_trt_plugins.moe_route import launch_moe_route, moe_route_ref
 
 RT = importlib.import_module("kolibri_trt_plugins.moe_route")
+PF = importlib.import_module("kolibri_trt_plugins._prefetch")
 E, H, I_, IS, K = 8, 64, 32, 48, 2
 # Kolibri-1's bytes per expert: w13 2·768·2560, w2 2560·768 (e4m3); odd sizes beside them
 SIZES = [0, 15, 16, 17, MAX_BYTES, MAX_BYTES + 1, 2 * MAX_BYTES + 33, 1_966_080, 3_932_160]
+MODES = {1: (True, False), 2: (True, True), 3: (False, True)}   # (gate/up, down) asked for
 
 if HAVE_TRITON:
     import triton
@@ -29,21 +32,6 @@ if HAVE_TRITON:
         a, s = chunk_span(base, nbytes, c, per)
         tl.store(out_ptr + 2 * c, a)
         tl.store(out_ptr + 2 * c + 1, s)
-
-    @triton.jit
-    def _items_kernel(out_ptr, ids_ptr, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2, ps13,
-                      ps2, C13: tl.constexpr, C2: tl.constexpr, CS13: tl.constexpr,
-                      CS2: tl.constexpr, TOPK: tl.constexpr, K_P: tl.constexpr):
-        m = tl.program_id(0).to(tl.int64)
-        q = tl.program_id(1)
-        kk = tl.arange(0, K_P)
-        sel = tl.load(ids_ptr + m * TOPK + kk, mask=kk < TOPK, other=0)
-        base, nbytes, c, per = _prefetch_item(q, m, sel, kk, a13, a2, as13, as2, b13, b2, bs13,
-                                              bs2, p13, p2, ps13, ps2, C13, C2, CS13, CS2, TOPK)
-        a, s = chunk_span(base, nbytes, c, per)
-        row = (m * tl.num_programs(1) + q) * 2
-        tl.store(out_ptr + row, a)
-        tl.store(out_ptr + row + 1, s)
 
 
 @pytest.mark.parametrize("nbytes", SIZES)
@@ -84,52 +72,70 @@ def test_chunk_spans_tile_the_region(interp, base, nbytes):
     assert _union(spans) == [w for w in want if w[1] > w[0]]
 
 
+def _region(w, e):
+    """[lo, hi) bytes of expert e of an e4m3 weight [E, R, C], inner 16-byte boundaries (what
+    chunk_span asks for)."""
+    size = w[0].numel()
+    lo = w.data_ptr() + e * size
+    return (lo // 16 * 16, (lo + size) // 16 * 16)
+
+
 @pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("shared", [True, False])
-def test_requests_ask_for_the_chosen_experts(interp, mode, shared):
-    """Every token's requests cover exactly its experts' w13 (modes 1, 2) and w2 (2, 3)
-    regions, token 0's the shared expert's too; an expert picked twice is asked for once per
-    pick."""
-    topk, b13, b2, bs13, bs2 = 3, 3 * MAX_BYTES + 48, 2 * MAX_BYTES - 16, MAX_BYTES + 32, 4096
-    a13, a2, as13, as2 = 1 << 40, 1 << 41, 1 << 42, 1 << 43
-    ids = torch.tensor([[5, 0, 7], [7, 2, 5]], dtype=torch.int32)
-    up, down = mode in (1, 2), mode in (2, 3)
-    c13, p13 = chunking(b13 if up else 0)
-    c2, p2 = chunking(b2 if down else 0)
-    cs13, ps13 = chunking(bs13 if shared and up else 0)
-    cs2, ps2 = chunking(bs2 if shared and down else 0)
-    req = topk * (c13 + c2) + cs13 + cs2
-    out = torch.zeros((2, req, 2), dtype=torch.int64)
-    launch(_items_kernel, (2, req), out, ids, a13, a2, as13, as2, b13, b2, bs13, bs2, p13, p2,
-           ps13, ps2, C13=c13, C2=c2, CS13=cs13, CS2=cs2, TOPK=topk, K_P=4, interpret=True)
-    for m in range(2):
-        picked = sorted(ids[m].tolist())
-        want = [(a13 + e * b13, a13 + (e + 1) * b13) for e in picked] if up else []
-        want += [(a2 + e * b2, a2 + (e + 1) * b2) for e in picked] if down else []
+@pytest.mark.parametrize("max_bytes", [MAX_BYTES, 1008])
+def test_kernel_requests_cover_the_chosen_experts(interp, monkeypatch, mode, shared, max_bytes):
+    """The top-k kernel's own requests (its log, interpreter), 3 tokens: each token's cover
+    exactly its experts' w13 (modes 1, 2) and w2 (2, 3) regions, token 0's the shared expert's
+    too (an expert two tokens picked is asked for by both); 1008-byte requests split each
+    expert into several. The ids are the reference's."""
+    monkeypatch.setattr(RT, "PREFETCH_TOKENS", 4)
+    monkeypatch.setattr(RT, "PREFETCH", mode)
+    monkeypatch.setattr(PF, "MAX_BYTES", max_bytes)
+    g = T.gen(60 + mode)
+    rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((3, H), g)
+    log = []
+    ids, _ = launch_moe_route(x, rw, K, True, True, (w13, w2, sw13 if shared else None,
+                                                     sw2 if shared else None), log)
+    assert torch.equal(ids, moe_route_ref(x, rw, K)[0])
+    up, down = MODES[mode]
+    assert len(log) == 1 and log[0].shape[:2] == (3, RT._prefetch_args(
+        3, K, (w13, w2, sw13 if shared else None, sw2 if shared else None), True, x.device)[0])
+    for m in range(3):
+        want = [_region(w13, e) for e in ids[m].tolist()] if up else []
+        want += [_region(w2, e) for e in ids[m].tolist()] if down else []
         if shared and m == 0:
-            want += ([(as13, as13 + bs13)] if up else []) + ([(as2, as2 + bs2)] if down else [])
-        got = out[m].tolist()
+            want += ([_region(sw13, 0)] if up else []) + ([_region(sw2, 0)] if down else [])
+        got = log[0][m].tolist()
+        assert all(s <= max_bytes and a % 16 == 0 for a, s in got if s > 0)
         assert _union(got) == _union([(lo, hi - lo) for lo, hi in want])
         assert sum(s for _, s in got if s > 0) == sum(hi - lo for lo, hi in want)
 
 
+def test_no_requests_past_the_token_limit(interp, monkeypatch):
+    """Chunks of more than PREFETCH_TOKENS tokens run one top-k program per token and log
+    nothing."""
+    monkeypatch.setattr(RT, "PREFETCH_TOKENS", 2)
+    g = T.gen(66)
+    rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
+    log = []
+    launch_moe_route(T.randn((3, H), g), rw, K, True, True, (w13, w2, sw13, sw2), log)
+    assert log == []
+
+
 @pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("M", [1, 3])
-def test_prefetch_keeps_ids_and_outputs(interp, monkeypatch, mode, M):
+def test_prefetch_keeps_the_moe_bits(interp, monkeypatch, mode, M):
     """moe_forward with the prefetch (its top-k kernel over one program per request, program 0
-    storing) gives the bits of the prefetch off; moe_route alone is unchanged by it."""
+    storing) gives the bits of the prefetch off."""
     g = T.gen(70 + M)
     rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2 = T.moe_weights(E, H, I_, IS, g)
     x = T.randn((M, H), g)
     args = (x, rw, w13, s13, w2, s2, sw13, ss13, sw2, ss2)
     off = moe_forward(*args, top_k=K, interpret=True)
-    ids_off = moe_route(x, rw, K, interpret=True)
     monkeypatch.setattr(RT, "PREFETCH_TOKENS", 4)
     monkeypatch.setattr(RT, "PREFETCH", mode)
-    assert RT._prefetch_args(M, K, (w13, w2, sw13, sw2), True)[0] > 1
     assert torch.equal(moe_forward(*args, top_k=K, interpret=True), off)
-    ids_on = moe_route(x, rw, K, interpret=True)
-    assert all(torch.equal(a, b) for a, b in zip(ids_on, ids_off))
 
 
 def test_unknown_prefetch_mode_raises(interp, monkeypatch):
@@ -142,19 +148,21 @@ def test_unknown_prefetch_mode_raises(interp, monkeypatch):
 
 
 COMPILE = """
+import importlib
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import importlib
 RT = importlib.import_module("kolibri_trt_plugins.moe_route")
 
-pf = sys.argv[1] == "1"
-ints = ("M", "E", "a13", "a2", "as13", "as2", "b13", "b2", "bs13", "bs2", "p13", "p2", "ps13",
-        "ps2")
-sig = dict(lg_ptr="*fp32", ids_ptr="*i32", w_ptr="*fp32", **{n: "i64" for n in ints})
-consts = dict(TOPK=6, E_P=256, K_P=8, RENORM=True, SPLIT=5, PF=pf, C13=4, C2=2, CS13=4, CS2=2,
-              ASM=True, PDL=3)
+c13, c2, cs13, cs2 = (int(v) for v in sys.argv[1:5])
+pf = c13 + c2 > 0
+sig = dict(lg_ptr="*fp32", ids_ptr="*i32", w_ptr="*fp32", log_ptr="*i32", M="i32", E="i32")
+# as the launch types them: addresses i64 (0, for weights not asked for, i32), bytes i32
+for n, c in (("13", c13), ("2", c2), ("s13", cs13), ("s2", cs2)):
+    sig.update({"a" + n: "i64" if c else "i32", "b" + n: "i32", "p" + n: "i32"})
+consts = dict(TOPK=6, E_P=256, K_P=8, RENORM=True, SPLIT=5, PF=pf, C13=c13, C2=c2, CS13=cs13,
+              CS2=cs2, ASM=True, LOG=False, PDL=3)
 sig.update({n: "constexpr" for n in consts})
 ck = triton.compile(ASTSource(RT._topk_kernel, sig, constexprs=consts),
                     target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
@@ -162,19 +170,22 @@ print(ck.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("pf", [True, False])
-def test_prefetch_in_the_sm90_ptx(interp, pf):
-    """Compiled for sm_90 under PDL mode 3 (the MoE's early launch): one bulk prefetch, after
-    griddepcontrol.wait and before the stores, only with PF. In a fresh process: the
-    interpreter, which other tests run, patches the builtins the compiler uses."""
-    done = subprocess.run([sys.executable, "-c", COMPILE, "1" if pf else "0"],
+# (C13, C2, CS13, CS2) at Kolibri-1's sizes: off; modes 1, 2, 3 with the shared expert; 2 without
+@pytest.mark.parametrize("chunks", [(0, 0, 0, 0), (4, 0, 4, 0), (4, 2, 4, 2), (0, 2, 0, 2),
+                                    (4, 2, 0, 0)])
+def test_prefetch_in_the_sm90_ptx(interp, chunks):
+    """Compiled for sm_90 under PDL mode 3 (the MoE's early launch), with the argument types
+    of a launch: one bulk prefetch, after griddepcontrol.wait and before the stores, only with
+    requests. In a fresh process: the interpreter, which other tests run, patches the builtins
+    the compiler uses."""
+    done = subprocess.run([sys.executable, "-c", COMPILE, *map(str, chunks)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     pre = [i for i, ln in enumerate(lines) if "cp.async.bulk.prefetch.L2.global" in ln]
-    assert len(pre) == (1 if pf else 0)
+    assert len(pre) == (1 if any(chunks) else 0)
     wait = [i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln]
     stores = [i for i, ln in enumerate(lines) if "st.global" in ln]
     assert len(wait) == 1 and stores and wait[0] < min(stores)
-    if pf:
+    if pre:
         assert wait[0] < pre[0] < min(stores)
