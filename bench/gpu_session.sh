@@ -16,10 +16,10 @@
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
 #   PART=pf bash bench/gpu_session.sh   the MoE's L2 prefetch from the top-k kernel (moe_route
 #       PREFETCH_TOKENS / PREFETCH, off by default): gpu_check moepf (the bits of off, graphs
-#       replayed twice) and moe, moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
+#       replayed twice), moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
 #       down / off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2
 #       at one token (41 MB), PREFETCH 3 up to 2 tokens (26 MB), off again (the step limits
-#       add up to 505 s; ~7 min).
+#       add up to 475 s; ~6 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -210,7 +210,7 @@ case "${PART:-}" in
     pack gw
     ;;
   pf)
-    step check 110 python3 bench/gpu_check.py --only moepf,moe
+    step check 80 python3 bench/gpu_check.py --only moepf   # moe itself: PART=fc
     step prefetch 100 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
     local_fs="python3 bench/fullsize.py --parts decode --no-eager"
     step fs_off 85 $local_fs --budget 60 --out "$OUT/fs_off"   # the first run compiles (~48 s)
