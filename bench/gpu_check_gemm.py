@@ -198,13 +198,16 @@ def check_moe(g, small):
 
 def check_moe_prefetch(g, small):
     """The MoE with its experts' weights asked of L2 by the top-k kernel (moe_route.PREFETCH 1,
-    2 and 3, chunks up to 4 tokens): the bits of the prefetch off, eager and in a CUDA graph
-    replayed twice."""
+    2 and 3, chunks up to 4 tokens), and with a next layer's QKV weight asked for by its
+    combine kernel (moe.PREFETCH_NEXT_TOKENS): the bits of the prefetch off, eager and in a
+    CUDA graph replayed twice."""
     import importlib
     rt = importlib.import_module("kolibri_trt_plugins.moe_route")
+    mo = importlib.import_module("kolibri_trt_plugins.moe")
     E, H, I_, Is, k = (8, 256, 128, 128, 2) if small else (256, 2560, 768, 768, 6)
     full = T.moe_weights(E, H, I_, Is, g, device=B.DEV)
-    saved = rt.PREFETCH_TOKENS, rt.PREFETCH
+    nxt = T.randn((3584 if not small else 96, H), g, device=B.DEV).to(torch.float8_e4m3fn)
+    saved, saved_next = (rt.PREFETCH_TOKENS, rt.PREFETCH), mo.PREFETCH_NEXT_TOKENS
     try:
         for M, wts, label in ((1, full, ""), (2, full, ""), (4, full, ""),
                               (1, full[:5], " no shared expert")):
@@ -218,8 +221,19 @@ def check_moe_prefetch(g, small):
                 msg = ("bit-identical " if ok else "DIFFERS ") + check_graph(
                     "moe prefetch", lambda: moe_forward(x, *wts, top_k=k), want)
                 record(f"moe prefetch PREFETCH={mode} E={E} H={H} M={M}{label} = off", ok, msg)
+            rt.PREFETCH_TOKENS = 0
+            mo.PREFETCH_NEXT_TOKENS = 4   # the next layer's QKV weight from the combine kernel
+            got = moe_forward(x, *wts, top_k=k, prefetch_next=nxt)
+            ok = torch.equal(got, want)
+            msg = ("bit-identical " if ok else "DIFFERS ") + check_graph(
+                "moe prefetch_next", lambda: moe_forward(x, *wts, top_k=k, prefetch_next=nxt),
+                want)
+            record(f"moe prefetch_next {tuple(nxt.shape)} E={E} H={H} M={M}{label} = off", ok,
+                   msg)
+            mo.PREFETCH_NEXT_TOKENS = 0
     finally:
         rt.PREFETCH_TOKENS, rt.PREFETCH = saved
+        mo.PREFETCH_NEXT_TOKENS = saved_next
 
 
 def check_split_k(g, small):

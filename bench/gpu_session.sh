@@ -14,12 +14,13 @@
 #       rows against fp8_gemv (QKV, o_proj; 10 (SPLIT, BK, ASYNC, STAGES, FIXUP) settings) (~1 min).
 #   PART=gn bash bench/gpu_session.sh   the same for the NVFP4 heads (bench/gluon_nvfp4_probe.py,
 #       LM head and drafter head against nvfp4_gemv; 4 (SPLIT, ASYNC, STAGES) settings) (~1 min).
-#   PART=pf bash bench/gpu_session.sh   the MoE's L2 prefetch from the top-k kernel (moe_route
-#       PREFETCH_TOKENS / PREFETCH, off by default): gpu_check moepf (the bits of off, graphs
+#   PART=pf bash bench/gpu_session.sh   L2 prefetches, off by default: the MoE's experts from the
+#       top-k kernel (moe_route.PREFETCH_TOKENS / PREFETCH) and the next layer's QKV weight from
+#       the MoE's combine (moe.PREFETCH_NEXT_TOKENS). gpu_check moepf (the bits of off, graphs
 #       replayed twice), moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
 #       down / off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2
-#       at one token (41 MB), PREFETCH 3 up to 2 tokens (26 MB), off again (the step limits
-#       add up to 475 s; ~6 min).
+#       at one token (41 MB), PREFETCH 3 up to 2 tokens (26 MB), the next QKV at one token,
+#       both at one token, off again (the step limits add up to 545 s; ~8 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -210,15 +211,19 @@ case "${PART:-}" in
     pack gw
     ;;
   pf)
-    step check 80 python3 bench/gpu_check.py --only moepf   # moe itself: PART=fc
-    step prefetch 100 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
+    step check 70 python3 bench/gpu_check.py --only moepf   # moe itself: PART=fc
+    step prefetch 90 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
     local_fs="python3 bench/fullsize.py --parts decode --no-eager"
-    step fs_off 85 $local_fs --budget 60 --out "$OUT/fs_off"   # the first run compiles (~48 s)
-    step fs_pf2_1 70 $local_fs --budget 45 --out "$OUT/fs_pf2_1" \
+    step fs_off 85 $local_fs --budget 55 --out "$OUT/fs_off"   # the first run compiles (~48 s)
+    step fs_pf2_1 60 $local_fs --budget 38 --out "$OUT/fs_pf2_1" \
       --set moe_route.PREFETCH_TOKENS=1
-    step fs_pf3_2 70 $local_fs --budget 45 --out "$OUT/fs_pf3_2" \
+    step fs_pf3_2 60 $local_fs --budget 38 --out "$OUT/fs_pf3_2" \
       --set moe_route.PREFETCH_TOKENS=2 --set moe_route.PREFETCH=3
-    step fs_off2 70 $local_fs --budget 45 --out "$OUT/fs_off2"
+    step fs_next_1 60 $local_fs --budget 38 --out "$OUT/fs_next_1" \
+      --set moe.PREFETCH_NEXT_TOKENS=1
+    step fs_both_1 60 $local_fs --budget 38 --out "$OUT/fs_both_1" \
+      --set moe_route.PREFETCH_TOKENS=1 --set moe.PREFETCH_NEXT_TOKENS=1
+    step fs_off2 60 $local_fs --budget 38 --out "$OUT/fs_off2"
     pack pf
     ;;
   hx)

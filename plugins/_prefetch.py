@@ -55,7 +55,7 @@ def chunk_span(base, nbytes, c, per):
     """(first address, bytes) int64 of chunk c of the region [base, base + nbytes) cut in chunks
     of `per` bytes, both ends rounded down to 16 bytes (up to 15 bytes at the region's ends go
     unasked); bytes <= 0 for a chunk past the region's end."""
-    lo = base + c.to(tl.int64) * per
+    lo = base + tl.full([], c, tl.int64) * per   # c: an int32 scalar or a loop's int
     hi = tl.minimum(lo + per, base + nbytes)
     start = lo // 16 * 16
     return start, hi // 16 * 16 - start

@@ -17,18 +17,37 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
 from ._common import early_launch, pdl_enter, pdl_release
+from ._prefetch import bulk_prefetch_here, chunk_span, chunking, prefetch_l2
 from . import moe_experts
 from .moe_align import launch_moe_align
 from .moe_experts import launch_moe_experts
 from .moe_route import launch_moe_route, moe_route_ref
 
 BLOCK_H = 256
+# Chunks of at most PREFETCH_NEXT_TOKENS tokens (0: never) ask L2 for `prefetch_next` (the
+# model passes the next layer's QKV weight, 9.2 MB in Kolibri-1) from the combine kernel's
+# programs, ~1 MB each, before their wait: the GEMV two launches on (after the norm) then
+# reads it from L2 (plugins/_prefetch.py). No value changes. Off until timed (PART=pf).
+PREFETCH_NEXT_TOKENS = 0
 
 
 @jit
-def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, H, so_m, so_s, TOPK: tl.constexpr,
-                        HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr,
-                        PDL: tl.constexpr = 0):
+def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, log_ptr, H, so_m, so_s, pf_addr, pf_bytes, pf_per,
+                        TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr,
+                        PF_CHUNKS: tl.constexpr = 0, ASM: tl.constexpr = False,
+                        LOG: tl.constexpr = False, PDL: tl.constexpr = 0):
+    """Program (token m, column tile): y = Σ_i w_i·out_i (+ the shared slot) in slot order.
+    PF_CHUNKS > 0: token 0's programs first ask L2 for chunks j, j + num_programs(1), ... of
+    the region at int64 address pf_addr (pf_bytes bytes, pf_per per chunk); static bytes, so
+    before the wait. LOG (tests): each request's (address, bytes) int64 at log_ptr + 2·c."""
+    if PF_CHUNKS > 0:
+        if tl.program_id(0) == 0:
+            for c in range(tl.program_id(1), PF_CHUNKS, tl.num_programs(1)):
+                addr, size = chunk_span(pf_addr, pf_bytes, c, pf_per)
+                prefetch_l2(addr, size, ASM)
+                if LOG:
+                    tl.store(log_ptr + 2 * c, addr)
+                    tl.store(log_ptr + 2 * c + 1, size)
     pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -68,8 +87,27 @@ def moe_forward_ref(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=N
     return y.to(torch.bfloat16)
 
 
+def _next_args(n: int, prefetch_next, interpret: bool, request_log):
+    """(log buffer, (pf_addr, pf_bytes, pf_per), constexprs) of the combine kernel for a chunk
+    of n tokens: a request per ~1 MB of `prefetch_next` when 0 < n <= PREFETCH_NEXT_TOKENS (the
+    log an int64 [chunks, 2] appended to request_log when that is a list), else none."""
+    if prefetch_next is None or n > PREFETCH_NEXT_TOKENS:
+        return None, (0, 0, 16), {}
+    nbytes = prefetch_next.numel() * prefetch_next.element_size()
+    chunks, per = chunking(nbytes)
+    asm = not interpret and bulk_prefetch_here(prefetch_next.device)
+    log = None
+    if request_log is not None:
+        log = torch.zeros((chunks, 2), dtype=torch.int64, device=prefetch_next.device)
+        request_log.append(log)
+    return log, (prefetch_next.data_ptr(), nbytes, per), dict(PF_CHUNKS=chunks, ASM=asm,
+                                                              LOG=log is not None)
+
+
 def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw2_s, top_k,
-            renormalize, interpret):
+            renormalize, interpret, prefetch_next=None, request_log=None):
+    """moe_forward's kernels (arguments as moe_forward's); request_log (tests): see
+    `_next_args`."""
     M, H = x.shape
     inter = w13.shape[1] // 2
     inter_sh = sw13.shape[1] // 2 if sw13 is not None else 0
@@ -94,9 +132,12 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
                            True, 0, interpret, rows)
         launch_moe_experts(act, idc, w2, w2_scale, sw2, sw2_s, out, H, H, inter, inter_sh, False,
                            act.stride(1), interpret, rows)
-        launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc, H, out.stride(0),
-               out.stride(1), TOPK=top_k, HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H,
-               num_warps=4, interpret=interpret, pdl_early=early_launch("moe", n))
+        log, pf, pf_meta = _next_args(n, prefetch_next if c1 == M else None, interpret,
+                                      request_log)
+        launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc,
+               yc if log is None else log, H, out.stride(0), out.stride(1), *pf, TOPK=top_k,
+               HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H, num_warps=4, interpret=interpret,
+               pdl_early=early_launch("moe", n), **pf_meta)
     return y
 
 
@@ -105,17 +146,18 @@ def _moe_forward_op(x: torch.Tensor, router_weight: torch.Tensor, w13: torch.Ten
                     w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                     shared_w13: torch.Tensor | None, shared_w13_scale: torch.Tensor | None,
                     shared_w2: torch.Tensor | None, shared_w2_scale: torch.Tensor | None,
-                    top_k: int, renormalize: bool) -> torch.Tensor:
+                    top_k: int, renormalize: bool,
+                    prefetch_next: torch.Tensor | None = None) -> torch.Tensor:
     args = (x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
             shared_w2, shared_w2_scale, top_k, renormalize)
     if kernel_path(x, "moe_forward") == "ref":
         return moe_forward_ref(*args)
-    return _launch(*args, False)
+    return _launch(*args, False, prefetch_next)
 
 
 @_moe_forward_op.register_fake
 def _(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale, shared_w2,
-      shared_w2_scale, top_k, renormalize):
+      shared_w2_scale, top_k, renormalize, prefetch_next=None):
     return torch.empty_like(x)
 
 
@@ -146,7 +188,8 @@ def _check(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, sw
 
 def moe_forward(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
                 shared_w13_scale=None, shared_w2=None, shared_w2_scale=None, top_k: int = 6,
-                renormalize: bool = True, interpret: bool = False) -> torch.Tensor:
+                renormalize: bool = True, interpret: bool = False,
+                prefetch_next: torch.Tensor | None = None) -> torch.Tensor:
     """Kolibri-1 MoE MLP output for small batches (the residual add is the caller's).
 
     Args:
@@ -158,6 +201,9 @@ def moe_forward(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
             the shared expert, same format (all four or none).
         top_k, renormalize: num_experts_per_tok, norm_topk_prob.
         interpret: run the Triton kernels in the interpreter on CPU tensors (tests only).
+        prefetch_next: None, or a contiguous tensor on x's device (the next layer's QKV
+            weight) that the combine kernel asks L2 for when M <= PREFETCH_NEXT_TOKENS; no
+            value changes.
     Returns: bf16 [M, H].
     Raises: ValueError naming the argument on a wrong shape/dtype/device/stride;
         RuntimeError for CUDA tensors without Triton.
@@ -167,8 +213,10 @@ def moe_forward(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=None,
            shared_w2, shared_w2_scale)
     if not 1 <= top_k <= router_weight.shape[0]:
         raise ValueError(f"top_k: {top_k} not in [1, {router_weight.shape[0]}]")
+    if prefetch_next is not None:
+        check_tensor("prefetch_next", prefetch_next, None, None, x.device)
     args = (x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
             shared_w2, shared_w2_scale, int(top_k), bool(renormalize))
     if interpret:
-        return _launch(*args, True)
-    return torch.ops.kolibri_plugins.moe_forward(*args)
+        return _launch(*args, True, prefetch_next)
+    return torch.ops.kolibri_plugins.moe_forward(*args, prefetch_next)

@@ -181,8 +181,10 @@ class PluginModel:
         taps = []
         for i, (w, cache) in enumerate(layers):
             a = self._attention(i, w, x, cache, meta, max_seq_len, max_q_len, rope)
-            nxt = layers[i + 1][0].input_norm if i + 1 < len(layers) else self.final_norm
-            h, x = self._mlp(w, self._o_proj(w, a, h, eps), nxt, eps)
+            nxt_w = layers[i + 1][0] if i + 1 < len(layers) else None
+            nxt = self.final_norm if nxt_w is None else nxt_w.input_norm
+            h, x = self._mlp(w, self._o_proj(w, a, h, eps), nxt, eps,
+                             None if nxt_w is None else nxt_w.qkv)
             if i in tap_layers:
                 taps.append(h)
         rows = x if all_rows else x[meta.logits_rows]   # x = final_norm(h), row by row
@@ -223,16 +225,18 @@ class PluginModel:
                             eps)
 
     def _mlp(self, w: LayerWeights, hx: tuple[torch.Tensor, torch.Tensor], nxt: torch.Tensor,
-             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+             eps: float, nxt_qkv: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + moe(x), the next norm of it) for hx = (h, x) after the attention block; nxt:
-        the next layer's input_layernorm gain (the final norm's after the last layer). The
-        norm stays its own launch: in the MoE's combine (one program per token) it cost more
-        than it saved (plugins/NOTES.md, "The norms in the launch before them")."""
+        the next layer's input_layernorm gain (the final norm's after the last layer); nxt_qkv:
+        the next layer's QKV weight, which the MoE may ask L2 for (moe.PREFETCH_NEXT_TOKENS).
+        The norm stays its own launch: in the MoE's combine (one program per token) it cost
+        more than it saved (plugins/NOTES.md, "The norms in the launch before them")."""
         h, x = hx
         sh = w.shared or (None, None, None, None)
         out = moe_forward(x, w.router, w.w13, w.w13_scale, w.w2, w.w2_scale, *sh,
                           top_k=self.config.num_experts_per_tok,
-                          renormalize=self.config.norm_topk_prob)
+                          renormalize=self.config.norm_topk_prob, prefetch_next=nxt_qkv)
         return add_rms_norm(h, out if self.all_reduce is None else self.all_reduce(out), nxt,
                             eps)
 

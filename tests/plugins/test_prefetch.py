@@ -189,3 +189,77 @@ def test_prefetch_in_the_sm90_ptx(interp, chunks):
     assert len(wait) == 1 and stores and wait[0] < min(stores)
     if pre:
         assert wait[0] < pre[0] < min(stores)
+
+
+MOE = importlib.import_module("kolibri_trt_plugins.moe")
+
+
+@pytest.mark.parametrize("max_bytes", [MAX_BYTES, 1008])
+@pytest.mark.parametrize("M", [1, 3])
+def test_combine_asks_for_the_next_weight(interp, monkeypatch, max_bytes, M):
+    """With prefetch_next and M <= PREFETCH_NEXT_TOKENS the combine kernel's requests (its log,
+    interpreter) tile the tensor's bytes (1008-byte requests: more chunks than the combine's
+    programs), the output's bits unchanged; past the limit nothing is asked."""
+    g = T.gen(80 + M)
+    wts = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((M, H), g)
+    nxt = T.randn((200, H), g).to(torch.float8_e4m3fn)   # 12,800 bytes
+    off = moe_forward(x, *wts, top_k=K, interpret=True)
+    monkeypatch.setattr(PF, "MAX_BYTES", max_bytes)
+    monkeypatch.setattr(MOE, "PREFETCH_NEXT_TOKENS", 3)
+    log = []
+    got = MOE._launch(x, *wts, K, True, True, nxt, log)
+    assert torch.equal(got, off)
+    assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True, prefetch_next=nxt), off)
+    assert len(log) == 1
+    spans = log[0].tolist()
+    assert all(0 < s <= max_bytes and a % 16 == 0 for a, s in spans)
+    assert _union(spans) == [_region(nxt[None], 0)]
+    monkeypatch.setattr(MOE, "PREFETCH_NEXT_TOKENS", M - 1)
+    log = []
+    MOE._launch(x, *wts, K, True, True, nxt, log)
+    assert log == []
+
+
+def test_prefetch_next_is_checked(interp):
+    g = T.gen(85)
+    wts = T.moe_weights(E, H, I_, IS, g)
+    with pytest.raises(ValueError, match="prefetch_next"):
+        moe_forward(T.randn((1, H), g), *wts, top_k=K, interpret=True,
+                    prefetch_next=torch.zeros((4, 4))[:, ::2])
+
+
+COMPILE_COMBINE = """
+import importlib
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+MOE = importlib.import_module("kolibri_trt_plugins.moe")
+
+chunks = int(sys.argv[1])
+sig = dict(o_ptr="*fp32", w_ptr="*fp32", y_ptr="*bf16", log_ptr="*bf16", H="i32", so_m="i32",
+           so_s="i32", pf_addr="i64" if chunks else "i32", pf_bytes="i32", pf_per="i32")
+consts = dict(TOPK=6, HAS_SHARED=True, BLOCK_H=256, PF_CHUNKS=chunks, ASM=True, LOG=False,
+              PDL=3)
+sig.update({n: "constexpr" for n in consts})
+ck = triton.compile(ASTSource(MOE._moe_combine_kernel, sig, constexprs=consts),
+                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+print(ck.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("chunks", [0, 10])
+def test_combine_prefetch_in_the_sm90_ptx(interp, chunks):
+    """The combine kernel for sm_90 under PDL mode 3: with chunks, one bulk prefetch (in the
+    loop over the program's chunks) before griddepcontrol.wait (the bytes are static); none
+    without. In a fresh process, as above."""
+    done = subprocess.run([sys.executable, "-c", COMPILE_COMBINE, str(chunks)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    pre = [i for i, ln in enumerate(lines) if "cp.async.bulk.prefetch.L2.global" in ln]
+    wait = [i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln]
+    assert len(pre) == (1 if chunks else 0) and len(wait) == 1
+    if pre:
+        assert pre[0] < wait[0]
