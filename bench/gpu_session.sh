@@ -20,7 +20,7 @@
 #       replayed twice), moe_forward at 1 / 2 / 4 tokens off / gate-up / gate-up + down /
 #       down / off (bench/moe_chunks.py --variants prefetch), whole decode steps off, PREFETCH 2
 #       at one token (41 MB), PREFETCH 3 up to 2 tokens (26 MB), the next QKV at one token,
-#       both at one token, off again (the step limits add up to 545 s; ~8 min).
+#       both at one token, off again (the step limits add up to 555 s; ~8 min).
 #   PART=hx bash bench/gpu_session.sh   INT4 against FP8 attention (bench/plugins.py --only attn,
 #       16- and 64-token pages, B = 1-64 at 4k / 32k / 128k), then whole decode steps at 1k /
 #       8k / 32k with the stream counts whose cache fits (an H100 holds 1-16 at 32k) (~6 min).
@@ -211,7 +211,7 @@ case "${PART:-}" in
     pack gw
     ;;
   pf)
-    step check 70 python3 bench/gpu_check.py --only moepf   # moe itself: PART=fc
+    step check 80 python3 bench/gpu_check.py --only moepf   # moe itself: PART=fc
     step prefetch 90 python3 bench/moe_chunks.py --out "$OUT/pf" --variants prefetch
     local_fs="python3 bench/fullsize.py --parts decode --no-eager"
     step fs_off 85 $local_fs --budget 55 --out "$OUT/fs_off"   # the first run compiles (~48 s)

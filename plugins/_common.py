@@ -46,7 +46,8 @@ loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for the
 it (at its start: at most one kernel waits while another runs), 4 (the default) as 2 but the
 kernels launched with ``pdl_early=True`` as 3 (`early_launch`: by default the MoE's, in chunks
 of at most PDL_EARLY_TOKENS tokens). A kernel with a ``PDL: tl.constexpr`` parameter starts with
-:func:`pdl_enter`, and :func:`launch` gives it ``PDL`` = the kernel's mode and Triton's
+:func:`pdl_enter` (only an L2 prefetch of static bytes from its arguments may come before it:
+plugins/_prefetch.py, the MoE's combine), and :func:`launch` gives it ``PDL`` = the kernel's mode and Triton's
 ``launch_pdl``: the GPU may start it while the kernel before it in the stream (or CUDA graph)
 is still running, and it waits (``griddepcontrol.wait``) for that kernel's completion and
 memory before it touches memory. Kernels without the parameter, and every torch op, launch as

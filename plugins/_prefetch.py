@@ -72,3 +72,20 @@ def prefetch_l2(addr, nbytes, ASM: tl.constexpr):
             "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
             "=r,l,r", [tl.full([1], addr, tl.int64), tl.full([1], nbytes, tl.int32)],
             dtype=tl.int32, is_pure=False, pack=1)
+
+
+@jit
+def ask_chunks(base, nbytes, per, first, step, log_ptr, CHUNKS: tl.constexpr,
+               ASM: tl.constexpr, LOG: tl.constexpr):
+    """Chunks first, first + step, ... < CHUNKS of the region [base, base + nbytes) (int64
+    address; `per` bytes per chunk): each asked of L2 (`prefetch_l2`), or with LOG (tests;
+    after the kernel's wait, as it stores) its (address, bytes) stored and a count added at
+    int64 log_ptr + 3·c instead. The same loop either way, so the log shows what is asked."""
+    for c in range(first, CHUNKS, step):
+        addr, size = chunk_span(base, nbytes, c, per)
+        if LOG:
+            tl.store(log_ptr + 3 * c, addr)
+            tl.store(log_ptr + 3 * c + 1, size)
+            tl.atomic_add(log_ptr + 3 * c + 2, 1)
+        else:
+            prefetch_l2(addr, size, ASM)

@@ -17,7 +17,7 @@ import torch
 
 from ._common import NAMESPACE, cdiv, check_tensor, jit, kernel_path, launch, tl
 from ._common import early_launch, pdl_enter, pdl_release
-from ._prefetch import bulk_prefetch_here, chunk_span, chunking, prefetch_l2
+from ._prefetch import ask_chunks, bulk_prefetch_here, chunking
 from . import moe_experts
 from .moe_align import launch_moe_align
 from .moe_experts import launch_moe_experts
@@ -36,19 +36,20 @@ def _moe_combine_kernel(o_ptr, w_ptr, y_ptr, log_ptr, H, so_m, so_s, pf_addr, pf
                         TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr,
                         PF_CHUNKS: tl.constexpr = 0, ASM: tl.constexpr = False,
                         LOG: tl.constexpr = False, PDL: tl.constexpr = 0):
-    """Program (token m, column tile): y = Σ_i w_i·out_i (+ the shared slot) in slot order.
+    """Program (token m, column tile j): y = Σ_i w_i·out_i (+ the shared slot) in slot order.
     PF_CHUNKS > 0: token 0's programs first ask L2 for chunks j, j + num_programs(1), ... of
     the region at int64 address pf_addr (pf_bytes bytes, pf_per per chunk); static bytes, so
-    before the wait. LOG (tests): each request's (address, bytes) int64 at log_ptr + 2·c."""
-    if PF_CHUNKS > 0:
+    before the wait, which only kernel arguments precede. LOG (tests), after the wait: each
+    request's (address, bytes, times asked) int64 at log_ptr + 3·c."""
+    if PF_CHUNKS > 0:   # token 0's programs, chunks j, j + num_programs(1), ...
         if tl.program_id(0) == 0:
-            for c in range(tl.program_id(1), PF_CHUNKS, tl.num_programs(1)):
-                addr, size = chunk_span(pf_addr, pf_bytes, c, pf_per)
-                prefetch_l2(addr, size, ASM)
-                if LOG:
-                    tl.store(log_ptr + 2 * c, addr)
-                    tl.store(log_ptr + 2 * c + 1, size)
+            ask_chunks(pf_addr, pf_bytes, pf_per, tl.program_id(1), tl.num_programs(1), log_ptr,
+                       PF_CHUNKS, ASM, False)
     pdl_enter(PDL)
+    if LOG:             # the same call as logs (tests: tests/plugins/test_prefetch.py)
+        if tl.program_id(0) == 0:
+            ask_chunks(pf_addr, pf_bytes, pf_per, tl.program_id(1), tl.num_programs(1), log_ptr,
+                       PF_CHUNKS, False, True)
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H
@@ -87,18 +88,21 @@ def moe_forward_ref(x, router_weight, w13, w13_scale, w2, w2_scale, shared_w13=N
     return y.to(torch.bfloat16)
 
 
-def _next_args(n: int, prefetch_next, interpret: bool, request_log):
-    """(log buffer, (pf_addr, pf_bytes, pf_per), constexprs) of the combine kernel for a chunk
-    of n tokens: a request per ~1 MB of `prefetch_next` when 0 < n <= PREFETCH_NEXT_TOKENS (the
-    log an int64 [chunks, 2] appended to request_log when that is a list), else none."""
-    if prefetch_next is None or n > PREFETCH_NEXT_TOKENS:
+def _next_args(x, prefetch_next, interpret: bool, request_log):
+    """(log buffer, (pf_addr, pf_bytes, pf_per), constexprs) of the combine kernel for the
+    M = x.shape[0] tokens of one moe_forward call: a request per ~1 MB of `prefetch_next` when
+    M <= PREFETCH_NEXT_TOKENS (the log an int64 [chunks, 3] appended to request_log when that is
+    a list), else none. Raises ValueError for a prefetch_next on another device than x."""
+    if prefetch_next is None or x.shape[0] > PREFETCH_NEXT_TOKENS:
         return None, (0, 0, 16), {}
+    if prefetch_next.device != x.device:
+        raise ValueError(f"prefetch_next: on {prefetch_next.device}, expected {x.device}")
     nbytes = prefetch_next.numel() * prefetch_next.element_size()
     chunks, per = chunking(nbytes)
     asm = not interpret and bulk_prefetch_here(prefetch_next.device)
     log = None
     if request_log is not None:
-        log = torch.zeros((chunks, 2), dtype=torch.int64, device=prefetch_next.device)
+        log = torch.zeros((chunks, 3), dtype=torch.int64, device=prefetch_next.device)
         request_log.append(log)
     return log, (prefetch_next.data_ptr(), nbytes, per), dict(PF_CHUNKS=chunks, ASM=asm,
                                                               LOG=log is not None)
@@ -132,8 +136,8 @@ def _launch(x, router_weight, w13, w13_scale, w2, w2_scale, sw13, sw13_s, sw2, s
                            True, 0, interpret, rows)
         launch_moe_experts(act, idc, w2, w2_scale, sw2, sw2_s, out, H, H, inter, inter_sh, False,
                            act.stride(1), interpret, rows)
-        log, pf, pf_meta = _next_args(n, prefetch_next if c1 == M else None, interpret,
-                                      request_log)
+        log, pf, pf_meta = _next_args(x, prefetch_next if c1 == M else None, interpret,
+                                      request_log)   # after the last chunk only
         launch(_moe_combine_kernel, (n, cdiv(H, BLOCK_H)), out, wc, yc,
                yc if log is None else log, H, out.stride(0), out.stride(1), *pf, TOPK=top_k,
                HAS_SHARED=sw13 is not None, BLOCK_H=BLOCK_H, num_warps=4, interpret=interpret,

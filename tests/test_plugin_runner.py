@@ -263,3 +263,22 @@ def test_one_rank_fuses_the_o_proj_norm(engines, monkeypatch):
     got = llm.engine.score(seq)
     assert not calls and len(reduced) >= 2 * len(model.layers)
     assert torch.equal(got, want)
+
+
+def test_each_layer_hands_the_next_qkv_to_the_moe(engines, monkeypatch):
+    """Layer i's MoE gets layer i + 1's QKV weight as prefetch_next (the last layer None),
+    the tensor the next layer's QKV GEMV reads."""
+    from kolibri_trt.model import plugin_model as pm
+    llm = LLM(engines["fp8"], speculative="off", model_impl="plugins")
+    model = llm.engine.runner.model
+    seen = []
+    moe = pm.moe_forward
+    monkeypatch.setattr(pm, "moe_forward",
+                        lambda *a, **k: seen.append(k.get("prefetch_next")) or moe(*a, **k))
+    llm.engine.score(llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))[0].prompt_token_ids)
+    n = len(model.layers)
+    assert seen and len(seen) % n == 0
+    want = [w.qkv for w in model.layers[1:]] + [None]
+    for step in range(len(seen) // n):
+        got = seen[step * n:(step + 1) * n]
+        assert all(a is b for a, b in zip(got, want))

@@ -198,8 +198,9 @@ MOE = importlib.import_module("kolibri_trt_plugins.moe")
 @pytest.mark.parametrize("M", [1, 3])
 def test_combine_asks_for_the_next_weight(interp, monkeypatch, max_bytes, M):
     """With prefetch_next and M <= PREFETCH_NEXT_TOKENS the combine kernel's requests (its log,
-    interpreter) tile the tensor's bytes (1008-byte requests: more chunks than the combine's
-    programs), the output's bits unchanged; past the limit nothing is asked."""
+    interpreter; 4 column programs, 1008-byte requests: more chunks than programs) tile the
+    tensor's bytes, each asked for once (not once per token or program), the output's bits
+    unchanged; past the limit nothing is asked."""
     g = T.gen(80 + M)
     wts = T.moe_weights(E, H, I_, IS, g)
     x = T.randn((M, H), g)
@@ -207,26 +208,46 @@ def test_combine_asks_for_the_next_weight(interp, monkeypatch, max_bytes, M):
     off = moe_forward(x, *wts, top_k=K, interpret=True)
     monkeypatch.setattr(PF, "MAX_BYTES", max_bytes)
     monkeypatch.setattr(MOE, "PREFETCH_NEXT_TOKENS", 3)
+    monkeypatch.setattr(MOE, "BLOCK_H", 16)
     log = []
     got = MOE._launch(x, *wts, K, True, True, nxt, log)
     assert torch.equal(got, off)
     assert torch.equal(moe_forward(x, *wts, top_k=K, interpret=True, prefetch_next=nxt), off)
     assert len(log) == 1
-    spans = log[0].tolist()
-    assert all(0 < s <= max_bytes and a % 16 == 0 for a, s in spans)
-    assert _union(spans) == [_region(nxt[None], 0)]
+    rows = log[0].tolist()
+    assert len(rows) == chunking(nxt.numel())[0] and all(n == 1 for _, _, n in rows)
+    assert all(0 < s <= max_bytes and a % 16 == 0 for a, s, _ in rows)
+    assert _union([(a, s) for a, s, _ in rows]) == [_region(nxt[None], 0)]
     monkeypatch.setattr(MOE, "PREFETCH_NEXT_TOKENS", M - 1)
     log = []
     MOE._launch(x, *wts, K, True, True, nxt, log)
     assert log == []
 
 
-def test_prefetch_next_is_checked(interp):
+def test_the_op_hands_prefetch_next_to_the_kernels(monkeypatch):
+    """moe_forward's op (the GPU path, its kernels replaced by a spy) receives prefetch_next."""
+    g = T.gen(84)
+    wts = T.moe_weights(E, H, I_, IS, g)
+    x = T.randn((1, H), g)
+    nxt = torch.zeros((8, H), dtype=torch.float8_e4m3fn)
+    seen = []
+    monkeypatch.setattr(MOE, "kernel_path", lambda t, what: "triton")
+    monkeypatch.setattr(MOE, "_launch", lambda *a: seen.append(a) or torch.empty_like(a[0]))
+    moe_forward(x, *wts, top_k=K, prefetch_next=nxt)
+    moe_forward(x, *wts, top_k=K)
+    assert [a[-1] is nxt for a in seen] == [True, False] and seen[1][-1] is None
+
+
+def test_prefetch_next_is_checked(interp, monkeypatch):
+    """A non-contiguous prefetch_next, or one on another device than x, raises naming it."""
     g = T.gen(85)
     wts = T.moe_weights(E, H, I_, IS, g)
     with pytest.raises(ValueError, match="prefetch_next"):
         moe_forward(T.randn((1, H), g), *wts, top_k=K, interpret=True,
                     prefetch_next=torch.zeros((4, 4))[:, ::2])
+    monkeypatch.setattr(MOE, "PREFETCH_NEXT_TOKENS", 4)
+    with pytest.raises(ValueError, match="prefetch_next: on meta"):
+        MOE._next_args(torch.zeros((1, H)), torch.zeros(4, device="meta"), True, None)
 
 
 COMPILE_COMBINE = """
