@@ -34,6 +34,7 @@ def op_cases():
         "fp8_wgmma": (T.randn((3, 256), g), *T.fp8_weight(64, 256, "tensor", g)),
         "moe_route": (x, moe[0], 2, True),
         "moe_forward": (x, *moe, 2, True),
+        "moe_forward+prefetch_next": (x, *moe, 2, True, T.randn((8, 64), g)),
         "attn_combine": (torch.randn(3, 2), torch.rand(3, 2), torch.randn(3, 2, 128)),
         "fp8_kv_write": (T.randn((3, 2, 128), g), T.randn((3, 2, 128), g),
                          torch.tensor([0, 17, -1]), *T.fp8_cache(4, 16, 2, g), one, one),
@@ -64,7 +65,8 @@ def test_opcheck(name):
     fp8_in = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
     # opcheck's schema mode itself multiplies inputs, which CPU torch cannot do for float8
     utils = ("test_faketensor",) if fp8_in else ("test_schema", "test_faketensor")
-    torch.library.opcheck(getattr(OPS, name).default, args, test_utils=utils)
+    op = getattr(OPS, name.split("+")[0])   # "op+what": a case with an optional argument
+    torch.library.opcheck(op.default, args, test_utils=utils)
 
 
 def test_torch_compile_fullgraph():
