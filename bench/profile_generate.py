@@ -78,30 +78,32 @@ PARTS = (("propose", "engine", "_propose"), ("forward", "runner", "forward"),
          ("take_deferred", "speculator", "take_deferred"), ("time_step", "engine", "_time_step"))
 
 
-def timed_split(llm, ids, params) -> dict:
-    """An unprofiled generate with wall-clock timers, counted over decode steps only (every
-    running stream past its prefill): ms per decode step of the whole step and of its parts,
-    the proposal (`LLMEngine._propose`: copy lookups + waiting for the drafter's drafts), the
-    target pass's launch (`runner.forward`), verification (`_verify_all`, its host sync
-    included), `Speculator.observe` and `prefetch`, the drafter's `propose_batch` (a round
-    on demand, launch + collect), `launch` (staging, upload, replays) and `collect` (waiting
-    for the drafts); drafter rounds per decode step."""
-    eng = llm.engine
-    drafter = eng.speculator.drafter
-    objs = {"engine": eng, "runner": eng.runner, "speculator": eng.speculator,
-            "drafter": drafter, "scheduler": eng.scheduler, "graph": torch.cuda.CUDAGraph,
-            "engine_module": sys.modules[type(eng).__module__],
-            "drafter_runner": getattr(drafter, "runner", None)}
-    acc = dict.fromkeys(["step", "decode_steps", "drafter_rounds"] + [k for k, _, _ in PARTS],
-                        0.0)
-    state = {"decode": False, "tokens": 0}
-    samples: list[float] = []     # each decode step's wall seconds
-    step_by_tokens: dict[int, list[float]] = {}   # step seconds by its target pass's tokens
-    cur: dict[str, float] = {}                     # this step's part seconds
-    parts_by_tokens: dict[int, dict[str, float]] = {}   # summed part seconds, the same way
-    round_key = "launch" if hasattr(objs["drafter"], "launch") else "drafter"
+class StepTimer:
+    """Wall-clock timers on an engine's methods (PARTS), counted over decode steps only (every
+    running stream past its prefill): `install` wraps them, `remove` restores them, `summary`
+    turns the seconds into ms per decode step (see `timed_split`)."""
 
-    def wrap(obj, name, key):
+    def __init__(self, eng):
+        drafter = eng.speculator.drafter
+        self.eng = eng
+        self.objs = {"engine": eng, "runner": eng.runner, "speculator": eng.speculator,
+                     "drafter": drafter, "scheduler": eng.scheduler,
+                     "graph": torch.cuda.CUDAGraph,
+                     "engine_module": sys.modules[type(eng).__module__],
+                     "drafter_runner": getattr(drafter, "runner", None)}
+        self.acc = dict.fromkeys(["step", "decode_steps", "drafter_rounds"]
+                                 + [k for k, _, _ in PARTS], 0.0)
+        self.decode, self.tokens = False, 0
+        self.samples: list[float] = []                  # each decode step's wall seconds
+        self.step_by_tokens: dict[int, list[float]] = {}   # step seconds by its pass's tokens
+        self.cur: dict[str, float] = {}                    # this step's part seconds
+        self.parts_by_tokens: dict[int, dict[str, float]] = {}   # summed part seconds, the same
+        self.by_tokens: dict[int, list[float]] = {}    # runner.forward seconds by step tokens
+        self.replay_by_tokens: dict[int, list[float]] = {}   # its graph replays' seconds
+        self.round_key = "launch" if hasattr(drafter, "launch") else "drafter"
+        self.undo: list = []
+
+    def _wrap(self, obj, name, key):
         orig = getattr(obj, name)
 
         def run(*a, **kw):
@@ -109,83 +111,108 @@ def timed_split(llm, ids, params) -> dict:
             try:
                 return orig(*a, **kw)
             finally:
-                if state["decode"]:
+                if self.decode:
                     dt = time.perf_counter() - t0
-                    acc[key] += dt
-                    cur[key] = cur.get(key, 0.0) + dt
-                    acc["drafter_rounds"] += key == round_key
+                    self.acc[key] += dt
+                    self.cur[key] = self.cur.get(key, 0.0) + dt
+                    self.acc["drafter_rounds"] += key == self.round_key
         setattr(obj, name, run)
-        return lambda: setattr(obj, name, orig)
+        self.undo.append(lambda: setattr(obj, name, orig))
 
-    def step_wrapper(orig):
+    def _step(self, orig):
         def run():
-            running = eng.scheduler.running
-            state["decode"] = bool(running) and all(q.num_pending == 1 for q in running)
-            acc["decode_steps"] += state["decode"]
-            cur.clear()
+            running = self.eng.scheduler.running
+            self.decode = bool(running) and all(q.num_pending == 1 for q in running)
+            self.acc["decode_steps"] += self.decode
+            self.cur.clear()
             t0 = time.perf_counter()
             try:
                 return orig()
             finally:
-                if state["decode"]:
+                if self.decode:
                     dt = time.perf_counter() - t0
-                    acc["step"] += dt
-                    samples.append(dt)
-                    step_by_tokens.setdefault(state["tokens"], []).append(dt)
-                    into = parts_by_tokens.setdefault(state["tokens"], {})
-                    for k, v in cur.items():
+                    self.acc["step"] += dt
+                    self.samples.append(dt)
+                    self.step_by_tokens.setdefault(self.tokens, []).append(dt)
+                    into = self.parts_by_tokens.setdefault(self.tokens, {})
+                    for k, v in self.cur.items():
                         into[k] = into.get(k, 0.0) + v
-                state["decode"] = False
+                self.decode = False
         return run
 
-    undo = [wrap(objs[o], n, k) for k, o, n in PARTS
-            if objs[o] is not None and hasattr(objs[o], n)]
-    by_tokens: dict[int, list[float]] = {}     # runner.forward seconds by the step's tokens
-    replay_by_tokens: dict[int, list[float]] = {}   # its graph replays' seconds, the same way
-    forward = eng.runner.forward
+    def _forward(self, forward):
+        def run(meta, *a, **kw):
+            t0, r0 = time.perf_counter(), self.acc["replay"]
+            try:
+                return forward(meta, *a, **kw)
+            finally:
+                if self.decode:
+                    t = self.tokens = int(meta.num_tokens)
+                    self.by_tokens.setdefault(t, []).append(time.perf_counter() - t0)
+                    self.replay_by_tokens.setdefault(t, []).append(self.acc["replay"] - r0)
+        return run
 
-    def timed_forward(meta, *a, **kw):
-        t0, r0 = time.perf_counter(), acc["replay"]
-        try:
-            return forward(meta, *a, **kw)
-        finally:
-            if state["decode"]:
-                t = state["tokens"] = int(meta.num_tokens)
-                by_tokens.setdefault(t, []).append(time.perf_counter() - t0)
-                replay_by_tokens.setdefault(t, []).append(acc["replay"] - r0)
-    eng.runner.forward = timed_forward
-    undo.append(lambda: setattr(eng.runner, "forward", forward))
-    orig_step = eng.step
-    eng.step = step_wrapper(orig_step)
+    def install(self) -> None:
+        for k, o, n in PARTS:
+            if self.objs[o] is not None and hasattr(self.objs[o], n):
+                self._wrap(self.objs[o], n, k)
+        eng = self.eng
+        forward, step = eng.runner.forward, eng.step
+        eng.runner.forward = self._forward(forward)
+        self.undo.append(lambda: setattr(eng.runner, "forward", forward))
+        eng.step = self._step(step)
+        self.undo.append(lambda: setattr(eng, "step", step))
+
+    def remove(self) -> None:
+        for u in reversed(self.undo):
+            u()
+        self.undo.clear()
+
+    def summary(self, res) -> dict:
+        """ms per decode step of the step and its parts, by step tokens, and the totals."""
+        acc, n = self.acc, max(1, self.acc["decode_steps"])
+        out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
+        out["forward_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3}
+                                    for t, v in sorted(self.by_tokens.items())}
+        out["step_by_tokens"] = _medians_means(self.step_by_tokens)
+        out["parts_by_tokens"] = {    # mean ms per step of that kind (prefetch: the next step's)
+            t: {k: v * 1e3 / len(self.step_by_tokens[t]) for k, v in parts.items()}
+            for t, parts in sorted(self.parts_by_tokens.items())}
+        out["replay_by_tokens"] = _medians_means(self.replay_by_tokens)
+        # what tools/eval_acceptance.py times: first token to last, summed over the requests
+        out["decode_wall_ms"] = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s
+                                    for r in res) * 1e3
+        out["decode_steps_ms"] = acc["step"] * 1e3
+        out["decode_tokens"] = sum(r.metrics.num_generated_tokens - 1 for r in res)
+        samples = self.samples
+        out.update(decode_steps=int(acc["decode_steps"]),
+                   step_median_ms=statistics.median(samples) * 1e3 if samples else 0.0,
+                   step_max_ms=max(samples, default=0.0) * 1e3,
+                   drafter_rounds_per_step=acc["drafter_rounds"] / n)
+        return out
+
+
+def _medians_means(by_tokens: dict[int, list[float]]) -> dict:
+    """{tokens: steps, median_ms, mean_ms} of seconds lists keyed by a step's tokens."""
+    return {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
+                "mean_ms": statistics.fmean(v) * 1e3} for t, v in sorted(by_tokens.items())}
+
+
+def timed_split(llm, ids, params) -> dict:
+    """An unprofiled generate with wall-clock timers (`StepTimer`), counted over decode steps
+    only (every running stream past its prefill): ms per decode step of the whole step and of
+    its parts, the proposal (`LLMEngine._propose`: copy lookups + waiting for the drafter's
+    drafts), the target pass's launch (`runner.forward`), verification (`_verify_all`, its
+    host sync included), `Speculator.observe` and `prefetch`, the drafter's `propose_batch` (a
+    round on demand, launch + collect), `launch` (staging, upload, replays) and `collect`
+    (waiting for the drafts); drafter rounds per decode step."""
+    timer = StepTimer(llm.engine)
+    timer.install()
     try:
         res = llm.generate(ids, params)
     finally:
-        eng.step = orig_step
-        for u in reversed(undo):
-            u()
-    n = max(1, acc["decode_steps"])
-    out = {f"{k}_ms": acc[k] * 1e3 / n for k in ["step"] + [k for k, _, _ in PARTS]}
-    out["forward_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3}
-                                for t, v in sorted(by_tokens.items())}
-    out["step_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
-                                 "mean_ms": statistics.fmean(v) * 1e3}
-                             for t, v in sorted(step_by_tokens.items())}
-    out["parts_by_tokens"] = {    # mean ms per step of that kind (prefetch: the next step's)
-        t: {k: v * 1e3 / len(step_by_tokens[t]) for k, v in parts.items()}
-        for t, parts in sorted(parts_by_tokens.items())}
-    out["replay_by_tokens"] = {t: {"steps": len(v), "median_ms": statistics.median(v) * 1e3,
-                                   "mean_ms": statistics.fmean(v) * 1e3}
-                               for t, v in sorted(replay_by_tokens.items())}
-    # what tools/eval_acceptance.py times: first token to last, summed over the requests
-    out["decode_wall_ms"] = sum(r.metrics.total_time_s - r.metrics.time_to_first_token_s
-                                for r in res) * 1e3
-    out["decode_steps_ms"] = acc["step"] * 1e3
-    out["decode_tokens"] = sum(r.metrics.num_generated_tokens - 1 for r in res)
-    out.update(decode_steps=int(acc["decode_steps"]),
-               step_median_ms=statistics.median(samples) * 1e3 if samples else 0.0,
-               step_max_ms=max(samples, default=0.0) * 1e3,
-               drafter_rounds_per_step=acc["drafter_rounds"] / n)
-    return out
+        timer.remove()
+    return timer.summary(res)
 
 
 # MODE/no-rounds: the mode's engine with a gate that never drafts. Diagnostics on top of it
