@@ -31,7 +31,9 @@ def figures(b: Bench) -> list[str]:
     rows = r.get("decode", {}).get("rows", [])
     if rows:
         _decode(plt, rows, save)
+    if any("attribution" in x for x in rows):
         _attribution(plt, [x for x in rows if "attribution" in x], save)
+    if any("eager_ms" in x for x in rows):
         _graphs_vs_eager(plt, [x for x in rows if "eager_ms" in x], save)
     if r.get("verify", {}).get("rows"):
         _verify(plt, r["verify"]["rows"], save)
@@ -67,9 +69,7 @@ def _decode(plt, rows, save) -> None:
 
 
 def _attribution(plt, rows, save) -> None:
-    """attribution.png: each decode row's step by kernel class (stacked bars); none without."""
-    if not rows:
-        return
+    """attribution.png: each decode row's step by kernel class (stacked bars)."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bottom = [0.0] * len(rows)
     for c in list(ATTR_CLASSES) + ["rest"]:
@@ -84,9 +84,7 @@ def _attribution(plt, rows, save) -> None:
 
 
 def _graphs_vs_eager(plt, rows, save) -> None:
-    """graphs_vs_eager.png: graph against eager ms of the rows timed both ways; none without."""
-    if not rows:
-        return
+    """graphs_vs_eager.png: graph against eager ms of the decode rows timed both ways."""
     fig, ax = plt.subplots(figsize=(9, 4))
     xs = range(len(rows))
     ax.bar([i - 0.2 for i in xs], [x["graph_ms"] for x in rows], 0.4, label="graph")
