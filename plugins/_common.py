@@ -47,10 +47,10 @@ it (at its start: at most one kernel waits while another runs), 4 (the default) 
 kernels launched with ``pdl_early=True`` as 3 (`early_launch`: by default the MoE's, in chunks
 of at most PDL_EARLY_TOKENS tokens). A kernel with a ``PDL: tl.constexpr`` parameter starts with
 :func:`pdl_enter` (only an L2 prefetch of static bytes from its arguments may come before it:
-plugins/_prefetch.py, the MoE's combine), and :func:`launch` gives it ``PDL`` = the kernel's mode and Triton's
-``launch_pdl``: the GPU may start it while the kernel before it in the stream (or CUDA graph)
-is still running, and it waits (``griddepcontrol.wait``) for that kernel's completion and
-memory before it touches memory. Kernels without the parameter, and every torch op, launch as
+plugins/_prefetch.py, the MoE's combine), and :func:`launch` gives it ``PDL`` = the kernel's
+mode and Triton's ``launch_pdl``: the GPU may start it while the kernel before it in the
+stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
+kernel's completion and memory before it touches memory. Kernels without the parameter, and every torch op, launch as
 before. Measured on the H200: a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per
 kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps
 at 1k context, 1 / 4 / 16 / 64 streams: mode 2 against off 3.87 -> 3.44, 5.27 -> 5.06, 10.15
@@ -87,7 +87,7 @@ def early_launch(group: str, tokens: int) -> bool:
     return group in PDL_EARLY_GROUPS and tokens <= PDL_EARLY_TOKENS
 
 
-_PDL_DEVICES: dict[int, bool] = {}
+_SM90_DEVICES: dict[int, bool] = {}
 
 NAMESPACE = "kolibri_plugins"
 """torch.library namespace of every op in this package: ``torch.ops.kolibri_plugins.<name>``."""
@@ -137,10 +137,17 @@ def _pdl_here() -> bool:
     device)."""
     if not PDL:
         return False
-    dev = torch.cuda.current_device()
-    if dev not in _PDL_DEVICES:
-        _PDL_DEVICES[dev] = torch.cuda.get_device_capability(dev)[0] >= 9
-    return _PDL_DEVICES[dev]
+    return sm90_or_later(torch.cuda.current_device())
+
+
+def sm90_or_later(dev: int | torch.device) -> bool:
+    """CUDA device `dev` (an index or a torch.device; no index: the current one) has compute
+    capability >= 9: PDL and the bulk L2 prefetch (plugins/_prefetch.py). Cached per device."""
+    if isinstance(dev, torch.device):
+        dev = torch.cuda.current_device() if dev.index is None else dev.index
+    if dev not in _SM90_DEVICES:
+        _SM90_DEVICES[dev] = torch.cuda.get_device_capability(dev)[0] >= 9
+    return _SM90_DEVICES[dev]
 
 
 def require_triton(what: str) -> None:

@@ -21,20 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from ._common import cdiv, jit, tl
+from ._common import cdiv, jit, sm90_or_later, tl
 
 MAX_BYTES = 65535 * 16   # bytes one bulk prefetch can ask for
-_BULK_DEVICES: dict[int, bool] = {}
 
 
 def bulk_prefetch_here(device: torch.device) -> bool:
-    """True when CUDA device `device` has the bulk prefetch (compute capability >= 9; cached
-    per device)."""
-    dev = torch.device(device).index
-    dev = torch.cuda.current_device() if dev is None else dev
-    if dev not in _BULK_DEVICES:
-        _BULK_DEVICES[dev] = torch.cuda.get_device_capability(dev)[0] >= 9
-    return _BULK_DEVICES[dev]
+    """True when CUDA device `device` has the bulk prefetch (`_common.sm90_or_later`)."""
+    return sm90_or_later(torch.device(device))
 
 
 def chunking(nbytes: int) -> tuple[int, int]:
