@@ -50,9 +50,9 @@ of at most PDL_EARLY_TOKENS tokens). A kernel with a ``PDL: tl.constexpr`` param
 plugins/_prefetch.py, the MoE's combine), and :func:`launch` gives it ``PDL`` = the kernel's
 mode and Triton's ``launch_pdl``: the GPU may start it while the kernel before it in the
 stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
-kernel's completion and memory before it touches memory. Kernels without the parameter, and every torch op, launch as
-before. Measured on the H200: a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per
-kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps
+kernel's completion and memory before it touches memory. Kernels without the parameter, and
+every torch op, launch as before. Measured on the H200: a chain of small GEMVs in a CUDA graph
+1.68 -> 1.30 µs per kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps
 at 1k context, 1 / 4 / 16 / 64 streams: mode 2 against off 3.87 -> 3.44, 5.27 -> 5.06, 10.15
 -> 9.96, 26.2 -> 26.3 ms (bench/results/h200-2026-11-30m/lf/); mode 1 slower (1 stream at 32k
 3.93 -> 5.98 ms, `le/`); mode 3 against 2 2.608 -> 2.638, 4.111 -> 4.017, 8.834 -> 8.949,
