@@ -40,26 +40,26 @@ PDL = os.environ.get("KOLIBRI_PDL", "4")
 if PDL not in PDL_MODES:
     raise ValueError(f"KOLIBRI_PDL: must be one of {list(PDL_MODES)}, got {PDL!r}")
 PDL = int(PDL)
-"""Programmatic dependent launch (environment KOLIBRI_PDL) on GPUs of compute capability 9 and
-up: 0 off, 1 each kernel lets the next one launch at its first instruction, 2 after its main
-loop (`pdl_release`, before the epilogue's stores), 3 once it has waited for the kernel before
-it (at its start: at most one kernel waits while another runs), 4 (the default) as 2 but the
-kernels launched with ``pdl_early=True`` as 3 (`early_launch`: by default the MoE's, in chunks
-of at most PDL_EARLY_TOKENS tokens). A kernel with a ``PDL: tl.constexpr`` parameter starts with
+"""Programmatic dependent launch (environment KOLIBRI_PDL) on GPUs of compute capability 9 and up: 0
+off, 1 each kernel lets the next one launch at its first instruction, 2 after its main loop
+(`pdl_release`, before the epilogue's stores), 3 once it has waited for the kernel before it (at
+its start: at most one kernel waits while another runs), 4 (the default) as 2 but the kernels
+launched with ``pdl_early=True`` as 3 (`early_launch`: by default the MoE's, in chunks of at most
+PDL_EARLY_TOKENS tokens). A kernel with a ``PDL: tl.constexpr`` parameter starts with
 :func:`pdl_enter` (only an L2 prefetch of static bytes from its arguments may come before it:
-plugins/_prefetch.py, the MoE's combine), and :func:`launch` gives it ``PDL`` = the kernel's
-mode and Triton's ``launch_pdl``: the GPU may start it while the kernel before it in the
-stream (or CUDA graph) is still running, and it waits (``griddepcontrol.wait``) for that
-kernel's completion and memory before it touches memory. Kernels without the parameter, and
-every torch op, launch as before. Measured on the H200: a chain of small GEMVs in a CUDA graph
-1.68 -> 1.30 µs per kernel (bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps
-at 1k context, 1 / 4 / 16 / 64 streams: mode 2 against off 3.87 -> 3.44, 5.27 -> 5.06, 10.15
--> 9.96, 26.2 -> 26.3 ms (bench/results/h200-2026-11-30m/lf/); mode 1 slower (1 stream at 32k
-3.93 -> 5.98 ms, `le/`); mode 3 against 2 2.608 -> 2.638, 4.111 -> 4.017, 8.834 -> 8.949,
-20.661 -> 20.866 ms (bench/results/h200-2026-12-01d/ny/); the MoE's kernels alone as 3,
-against 2 (`nz/`): 2.593 -> 2.563, 4.101 -> 3.993, 8.781 -> 8.682, 19.526 -> 20.035 ms, at
-32k 2.818 -> 2.710, 4.216 -> 4.104, 9.567 -> 9.466, 22.842 -> 23.319 ms: early up to 16
-tokens. Every gpu_check, gpu_runtime and gpu_drafter check passed under modes 1, 2 and 4."""
+plugins/_prefetch.py, the MoE's combine), and :func:`launch` gives it ``PDL`` = the kernel's mode
+and Triton's ``launch_pdl``: the GPU may start it while the kernel before it in the stream (or CUDA
+graph) is still running, and it waits (``griddepcontrol.wait``) for that kernel's completion and
+memory before it touches memory. Kernels without the parameter, and every torch op, launch as
+before. Measured on the H200: a chain of small GEMVs in a CUDA graph 1.68 -> 1.30 µs per kernel
+(bench/results/h200-2026-11-30l/ld/, bench/pdl_probe.py). Whole full-size decode steps at 1k
+context, 1 / 4 / 16 / 64 streams: mode 2 against off 3.87 -> 3.44, 5.27 -> 5.06, 10.15 -> 9.96,
+26.2 -> 26.3 ms (bench/results/h200-2026-11-30m/lf/); mode 1 slower (1 stream at 32k 3.93 -> 5.98
+ms, `le/`); mode 3 against 2 2.608 -> 2.638, 4.111 -> 4.017, 8.834 -> 8.949, 20.661 -> 20.866 ms
+(bench/results/h200-2026-12-01d/ny/); the MoE's kernels alone as 3, against 2 (`nz/`): 2.593 ->
+2.563, 4.101 -> 3.993, 8.781 -> 8.682, 19.526 -> 20.035 ms, at 32k 2.818 -> 2.710, 4.216 -> 4.104,
+9.567 -> 9.466, 22.842 -> 23.319 ms: early up to 16 tokens. Every gpu_check, gpu_runtime and
+gpu_drafter check passed under modes 1, 2 and 4."""
 
 PDL_GROUPS = ("moe", "gemv", "attn", "norm")
 PDL_EARLY_GROUPS = tuple(g for g in os.environ.get("KOLIBRI_PDL_EARLY", "moe").split(",") if g)
